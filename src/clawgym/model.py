@@ -1,0 +1,196 @@
+"""The embedded default policy: a tiny random-weight Qwen3-architecture model with a tool-calling chat template.
+
+`init_model(dir, seed, size)` writes a directory that transformers loads offline with
+`AutoModelForCausalLM` / `AutoTokenizer`:
+
+- a byte-level BPE tokenizer trained with the `tokenizers` library on `data/corpus.txt` (shipped
+  in the package), with the Qwen3 special tokens; `<tool_call>`, `</tool_call>`, `<tool_response>`,
+  `</tool_response>`, `<think>`, `</think>` are single tokens that stay in decoded text, as in Qwen3,
+  so the same tool-call parsers serve real Qwen3 models;
+- our own chat template following the Qwen3/Hermes conventions (system, user, assistant, tool
+  roles; tool definitions in `<tools>`; `<tool_call>{"name":…,"arguments":…}</tool_call>` calls;
+  consecutive tool results grouped in one user turn as `<tool_response>` blocks);
+- random weights from `seed`, head_dim 64 (vLLM's CPU attention rejects smaller heads), a 32k
+  context window, fp32 safetensors.
+
+Deterministic: the tokenizer depends only on the corpus, the weights only on seed and size, and
+every file is written in a fixed order, so the same seed and size give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from clawgym.errors import UserError
+
+IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = [PAD, IM_START, IM_END]
+# Added tokens that stay in decoded text (Qwen3 marks these special=False): parsers look for them.
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+
+
+SIZES: dict[str, ModelSize] = {
+    "tiny": ModelSize(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=384),
+    "small": ModelSize(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768),
+}
+# Every size shares one tokenizer; the shipped corpus yields ~2k tokens before merges run out.
+BPE_VOCAB = 2048
+HEAD_DIM = 64
+CONTEXT_WINDOW = 32768
+
+# Our own template in the Qwen3/Hermes conventions. Assistant tool-call arguments may arrive as a
+# JSON string (OpenAI style) or an object; both render the same JSON text.
+CHAT_TEMPLATE = r"""
+{%- macro content_text(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content is none -%}
+{%- else -%}{%- for part in content -%}{%- if part.text is defined -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- set first_system = messages and messages[0].role == 'system' -%}
+{%- if tools -%}
+{{- '<|im_start|>system\n' -}}
+{%- if first_system -%}{{- content_text(messages[0].content) + '\n\n' -}}{%- endif -%}
+{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+{%- for tool in tools -%}{{- '\n' -}}{{- tool | tojson -}}{%- endfor -%}
+{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif first_system -%}
+{{- '<|im_start|>system\n' + content_text(messages[0].content) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if loop.first and first_system -%}
+{%- elif message.role == 'user' or message.role == 'system' -%}
+{{- '<|im_start|>' + message.role + '\n' + content_text(message.content) + '<|im_end|>\n' -}}
+{%- elif message.role == 'assistant' -%}
+{%- set text = content_text(message.content) -%}
+{{- '<|im_start|>assistant\n' + text -}}
+{%- if message.tool_calls -%}
+{%- for tool_call in message.tool_calls -%}
+{%- set fn = tool_call.function if tool_call.function is defined else tool_call -%}
+{%- if (loop.first and text) or not loop.first -%}{{- '\n' -}}{%- endif -%}
+{{- '<tool_call>\n{"name": "' + fn.name + '", "arguments": ' -}}
+{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}
+{{- '}\n</tool_call>' -}}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- elif message.role == 'tool' -%}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\n<tool_response>\n' + content_text(message.content) + '\n</tool_response>' -}}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+""".strip()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    architecture: str
+    n_params: int
+    vocab_size: int
+    size: str
+    seed: int
+
+
+def build_tokenizer(vocab_size: int):
+    """Train the byte-level BPE tokenizer on the shipped corpus; returns a transformers fast tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = resources.files("clawgym").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus.splitlines(keepends=True), trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD,
+        model_max_length=CONTEXT_WINDOW,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def init_model(path: str | Path, *, seed: int = 0, size: str = "tiny", force: bool = False) -> ModelInfo:
+    """Write a tiny random Qwen3 model + tokenizer to `path` (see module docstring)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    if size not in SIZES:
+        raise UserError(f"unknown --size '{size}'; choose one of: {', '.join(SIZES)}")
+    if seed < 0:
+        raise UserError(f"--seed must be >= 0, got {seed}")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        if not force:
+            raise UserError(f"{path} is not empty; pass --force to overwrite it")
+        shutil.rmtree(path)
+    spec = SIZES[size]
+
+    tokenizer = build_tokenizer(BPE_VOCAB)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=HEAD_DIM,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=CONTEXT_WINDOW,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
+        dtype="float32",
+    )
+    # Weights depend only on the seed: seed the global generator right before construction.
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+    )
+
+    # Write into a sibling temp dir, then rename, so a crash never leaves half a model.
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "clawgym.json").write_text(json.dumps({"made_by": "clawgym init-model", "size": size, "seed": seed}, indent=2) + "\n")
+    if path.exists():
+        path.rmdir()
+    tmp.rename(path)
+    n_params = sum(p.numel() for p in model.parameters())
+    return ModelInfo(path, "Qwen3ForCausalLM", n_params, len(tokenizer), size, seed)

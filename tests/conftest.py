@@ -1,0 +1,30 @@
+"""Shared fixtures: the tiny policy model is built once per test session (init-model is deterministic)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of `clawgym init-model --size tiny --seed 0`, shared by the whole session (read-only)."""
+    from clawgym.model import init_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    init_model(path, seed=0, size="tiny")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
