@@ -139,6 +139,9 @@ def init_model(path: str | Path, *, seed: int = 0, size: str = "tiny", force: bo
     """Write a tiny random Qwen3 model + tokenizer to `path` (see module docstring)."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI shows its own status line
 
     if size not in SIZES:
         raise UserError(f"unknown --size '{size}'; choose one of: {', '.join(SIZES)}")
