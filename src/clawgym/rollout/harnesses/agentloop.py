@@ -1,0 +1,221 @@
+"""`agentloop`: the built-in harness — a small ReAct loop over OpenAI Chat Completions (paper §4.6).
+
+It runs as its own process in the sandbox, like any other harness (`python -m
+clawgym.rollout.harnesses.agentloop INSTRUCTION`), talks to the proxy through the official `openai`
+SDK (`OPENAI_BASE_URL`, `OPENAI_API_KEY`), and works in its current directory, the workspace:
+
+1. messages = [system, user(instruction)]; tools = bash, read, write, edit, python;
+2. each turn: one model call; every tool call in the answer is executed and its result appended;
+   an answer without tool calls is the final answer (optionally saved to `--answer-file`);
+3. when a call's prompt + output nears `--context-window` tokens, a compaction call (no tools)
+   summarizes the work so far, and the conversation restarts from the instruction + that summary —
+   so trees see compaction segments;
+4. `--max-turns` bounds the loop.
+
+Exit codes: 0 finished (final answer or turn limit), 4 the model endpoint failed after the SDK's
+retries (the runner marks the rollout infra_error), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome
+
+SYSTEM_PROMPT = (
+    "You are an agent working in a Linux workspace (your current directory). "
+    "Use the tools to inspect and change files, then reply with a short final answer without tool calls."
+)
+COMPACTION_PROMPT = (
+    "Your context is nearly full. Summarize the task, what you have done, the current state of the "
+    "workspace and what remains, so that you can continue from the summary alone."
+)
+TOOL_OUTPUT_LIMIT = 4000
+EXIT_ENDPOINT_FAILED = 4
+
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "description": "Run a shell command in the workspace.",
+     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    {"type": "function", "function": {"name": "read", "description": "Read a text file.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "write", "description": "Write a text file (replaces it).",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}}},
+    {"type": "function", "function": {"name": "edit", "description": "Replace the first occurrence of old with new in a file.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}}, "required": ["path", "old", "new"]}}},
+    {"type": "function", "function": {"name": "python", "description": "Run Python code; prints its output.",
+     "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},
+]
+
+
+# --- the adapter (runs in the rollout runner) -------------------------------------------------------
+
+
+class AgentLoop:
+    name = "agentloop"
+    protocol = "openai-chat"
+
+    def __init__(self, max_turns: int = 8, max_tokens: int = 256, context_window: int = 4096,
+                 temperature: float = 1.0, answer_file: str | None = None):
+        self.max_turns, self.max_tokens, self.context_window = max_turns, max_tokens, context_window
+        self.temperature, self.answer_file = temperature, answer_file
+
+    def missing(self) -> str | None:
+        return None  # built in: needs only this Python
+
+    def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
+        argv = [sys.executable, "-m", "clawgym.rollout.harnesses.agentloop", "--max-turns", str(self.max_turns),
+                "--max-tokens", str(self.max_tokens), "--context-window", str(self.context_window),
+                "--temperature", str(self.temperature), "--model", endpoint.model]
+        if self.answer_file:
+            argv += ["--answer-file", self.answer_file]
+        env = {"OPENAI_BASE_URL": endpoint.base_url.rstrip("/") + "/v1", "OPENAI_API_KEY": endpoint.api_key}
+        return Launch(argv=argv + ["--", instruction], env=env)
+
+    def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
+        if exit_code == 0:
+            return Outcome("ok")
+        if exit_code == EXIT_ENDPOINT_FAILED:
+            return Outcome("infra_error", _last_line(stderr) or "model endpoint failed")
+        return Outcome("harness_error", f"exit code {exit_code}: {_last_line(stderr)}")
+
+    def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
+        # Only the compaction call goes out without tools.
+        return "main" if tool_names else "compaction"
+
+
+def _last_line(text: str) -> str:
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+# --- the agent program (runs in the sandbox) --------------------------------------------------------
+
+
+def _truncate(text: str) -> str:
+    if len(text) <= TOOL_OUTPUT_LIMIT:
+        return text
+    half = TOOL_OUTPUT_LIMIT // 2
+    return f"{text[:half]}\n[... {len(text) - TOOL_OUTPUT_LIMIT} characters cut ...]\n{text[-half:]}"
+
+
+def _inside(path: str) -> Path:
+    """Tool paths are relative to the workspace; refuse ones that leave it."""
+    root = Path.cwd().resolve()
+    p = (root / path).resolve()
+    if p != root and root not in p.parents:
+        raise ValueError(f"path {path!r} is outside the workspace")
+    return p
+
+
+def run_tool(name: str, args: dict, timeout: float = 60.0) -> str:
+    """Execute one tool call in the current directory; errors come back as text for the model."""
+    try:
+        if name == "bash":
+            r = subprocess.run(["bash", "-c", str(args["command"])], capture_output=True, text=True, timeout=timeout)
+            return _truncate(f"exit code {r.returncode}\n{r.stdout}{r.stderr}")
+        if name == "python":
+            r = subprocess.run([sys.executable, "-c", str(args["code"])], capture_output=True, text=True, timeout=timeout)
+            return _truncate(f"exit code {r.returncode}\n{r.stdout}{r.stderr}")
+        if name == "read":
+            return _truncate(_inside(args["path"]).read_text(errors="replace"))
+        if name == "write":
+            p = _inside(args["path"])
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(str(args["content"]))
+            return f"wrote {len(str(args['content']))} characters to {args['path']}"
+        if name == "edit":
+            p = _inside(args["path"])
+            text = p.read_text()
+            if args["old"] not in text:
+                return f"error: the text to replace was not found in {args['path']}"
+            p.write_text(text.replace(args["old"], args["new"], 1))
+            return f"edited {args['path']}"
+        return f"error: unknown tool {name!r}; available: {', '.join(t['function']['name'] for t in TOOLS)}"
+    except KeyError as e:
+        return f"error: missing argument {e.args[0]!r} for tool {name}"
+    except subprocess.TimeoutExpired:
+        return f"error: {name} timed out after {timeout:.0f} s"
+    except (OSError, ValueError, TypeError) as e:
+        return f"error: {e}"
+
+
+def _log(event: str, **fields) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def agent_main(argv: list[str] | None = None) -> int:
+    import openai
+
+    ap = argparse.ArgumentParser(prog="agentloop", description="clawgym's built-in ReAct agent over OpenAI Chat Completions.")
+    ap.add_argument("instruction")
+    ap.add_argument("--model", default=os.environ.get("CLAWGYM_MODEL", "clawgym-policy"))
+    ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--context-window", type=int, default=4096)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--answer-file", default=None, help="save the final answer to this file in the workspace")
+    args = ap.parse_args(argv)
+
+    client = openai.OpenAI(max_retries=3, timeout=600.0)  # base URL and key from the environment
+    start = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": args.instruction}]
+    messages = list(start)
+    final = ""
+    for turn in range(args.max_turns):
+        try:
+            resp = client.chat.completions.create(
+                model=args.model, messages=messages, tools=TOOLS, max_completion_tokens=args.max_tokens,
+                temperature=args.temperature,
+            )
+        except openai.APIError as e:
+            print(f"model endpoint failed: {e}", file=sys.stderr)
+            return EXIT_ENDPOINT_FAILED
+        msg = resp.choices[0].message
+        calls = msg.tool_calls or []
+        assistant = {"role": "assistant", "content": msg.content or ""}
+        if calls:
+            assistant["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in calls
+            ]
+        messages.append(assistant)
+        _log("turn", turn=turn, text=(msg.content or "")[:200], tools=[c.function.name for c in calls])
+        if not calls:
+            final = msg.content or ""
+            break
+        for c in calls:
+            try:
+                tool_args = json.loads(c.function.arguments or "{}")
+                if not isinstance(tool_args, dict):
+                    raise ValueError("arguments must be a JSON object")
+                result = run_tool(c.function.name, tool_args)
+            except ValueError as e:
+                result = f"error: bad arguments for {c.function.name}: {e}"
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+            _log("tool", name=c.function.name, result=result[:200])
+        used = resp.usage.total_tokens if resp.usage else 0
+        if used > 0.8 * args.context_window:
+            try:
+                summary = client.chat.completions.create(
+                    model=args.model, messages=messages + [{"role": "user", "content": COMPACTION_PROMPT}],
+                    max_completion_tokens=args.max_tokens, temperature=args.temperature,
+                ).choices[0].message.content or ""
+            except openai.APIError as e:
+                print(f"model endpoint failed: {e}", file=sys.stderr)
+                return EXIT_ENDPOINT_FAILED
+            messages = start + [{"role": "user", "content": f"Summary of your earlier work:\n{summary}\nContinue the task."}]
+            _log("compaction", tokens=used)
+    if args.answer_file:
+        try:
+            _inside(args.answer_file).write_text(final)
+        except (OSError, ValueError) as e:
+            print(f"could not save the answer: {e}", file=sys.stderr)
+    _log("done", final=final[:200])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(agent_main())

@@ -1,0 +1,79 @@
+"""What every harness adapter provides: how to launch it against the proxy, read its outcome, classify its calls.
+
+A harness is an agent program we do not modify. Its adapter says how to install it, which wire
+protocol it speaks, the command line and environment that point it at a rollout's proxy URL with
+telemetry and outside traffic off, how to read its final status from the exit code and output, and
+which of its model calls are the main agent, a subagent, a compaction or an auxiliary call (title
+generation and the like). Adapters are looked up by name in `clawgym.rollout.harnesses.HARNESSES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a rollout's model calls go: the proxy's per-rollout URL and key."""
+
+    base_url: str
+    """e.g. http://127.0.0.1:8100/r/<rollout_id> (no trailing /v1)"""
+    api_key: str
+    model: str = "clawgym-policy"
+    """the model name the harness is told to ask for"""
+
+
+@dataclass
+class Launch:
+    """A harness process to start in the sandbox, with the workspace as its working directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    """added to the sandbox's base environment (PATH, HOME, TMPDIR, LANG are the sandbox's)"""
+    files: dict[str, str] = field(default_factory=dict)
+    """config files to write before start, relative to the sandbox's HOME"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the harness ended, read from its exit code and output."""
+
+    status: str
+    """ok | harness_error | infra_error (the model endpoint failed)"""
+    message: str = ""
+
+
+class Harness(Protocol):
+    name: str
+    protocol: str
+    """anthropic | openai-chat | openai-responses"""
+
+    def missing(self) -> str | None:
+        """Why the harness cannot run here (not installed, ...), or None when it can."""
+        ...
+
+    def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
+        ...
+
+    def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
+        ...
+
+    def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
+        """The role of one recorded call: main | subagent | compaction | aux.
+
+        `last_user_text` is the text of the request's last user message; `main_tool_names` are the
+        tools of the rollout's first call, which is the main agent's.
+        """
+        ...
+
+
+def classify_by_tools(tool_names: list[str], main_tool_names: list[str]) -> str:
+    """The common rule: no tools → an auxiliary call (titles, summaries of text); tools other than
+    the main agent's → a subagent (harnesses give subagents their own tool sets); else main."""
+    if not tool_names:
+        return "aux"
+    if main_tool_names and sorted(tool_names) != sorted(main_tool_names):
+        return "subagent"
+    return "main"

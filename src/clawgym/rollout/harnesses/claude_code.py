@@ -1,0 +1,95 @@
+"""`claude-code`: Anthropic's Claude Code CLI (`claude -p`), unmodified, against the proxy's Messages route.
+
+Everything here comes from driving the real binary (shared/research/harnesses.md §2): headless
+`-p` with stream-json output (which needs `--verbose`), permissions bypassed (as root only with
+`IS_SANDBOX=1`), every model alias pointed at the policy, and nonessential traffic (telemetry,
+update checks, title generation) off, so the only connections it opens are to the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clawgym.rollout.harnesses import npm
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools
+
+VERSION = "2.1.197"
+PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
+# Claude Code's own compaction and title prompts; they mark those calls as not the main agent.
+_COMPACTION_MARKERS = ("summary of the conversation so far", "create a detailed summary", "your task is to create a detailed summary")
+_AUX_MARKERS = ("generate a concise, sentence-case title", "<system-reminder>\nanalyze")
+
+
+class ClaudeCode:
+    name = "claude-code"
+    protocol = "anthropic"
+
+    def __init__(self, max_turns: int = 20, bare: bool = True, tools: str = "Bash,Read,Write,Edit,Glob,Grep"):
+        self.max_turns, self.bare, self.tools = max_turns, bare, tools
+
+    @property
+    def folder(self) -> Path:
+        return npm.harness_home() / "claude-code"
+
+    def binary(self) -> Path:
+        return npm.bin_path(self.folder, "claude")
+
+    def install(self) -> Path:
+        npm.npm_install(self.folder, [PACKAGE])
+        return self.binary()
+
+    def missing(self) -> str | None:
+        if not self.binary().exists():
+            return f"Claude Code {VERSION} is not installed (run: clawgym harness install claude-code)"
+        return None
+
+    def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
+        argv = [str(self.binary()), "-p", instruction, "--output-format", "stream-json", "--verbose",
+                "--dangerously-skip-permissions", "--max-turns", str(self.max_turns), "--no-session-persistence",
+                "--model", endpoint.model]
+        if self.bare:
+            argv.append("--bare")  # a 173-character system prompt instead of ~19k tokens: prefill dominates on CPU
+        if self.tools:
+            argv += ["--tools", self.tools]
+        m = endpoint.model
+        env = {
+            "ANTHROPIC_BASE_URL": endpoint.base_url, "ANTHROPIC_API_KEY": endpoint.api_key,
+            "ANTHROPIC_MODEL": m, "ANTHROPIC_SMALL_FAST_MODEL": m, "ANTHROPIC_DEFAULT_HAIKU_MODEL": m,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": m, "ANTHROPIC_DEFAULT_OPUS_MODEL": m,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
+            "IS_SANDBOX": "1", "TERM": "dumb", "SHELL": "/bin/bash",
+        }
+        return Launch(argv=argv, env=env)
+
+    def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
+        result = _last_result(stdout)
+        if result is not None and not result.get("is_error"):
+            return Outcome("ok")
+        text = (result or {}).get("result") or (stderr.strip().splitlines() or [""])[-1]
+        if result is not None and result.get("subtype") == "error_max_turns":
+            return Outcome("ok", "turn limit reached")  # scored as is, like a timeout
+        if any(s in (stdout + stderr) for s in ("api_retry", "API Error", "Connection error")):
+            return Outcome("infra_error", f"model endpoint failed: {str(text)[:300]}")
+        return Outcome("harness_error", f"exit code {exit_code}: {str(text)[:300]}")
+
+    def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
+        text = last_user_text.lower()
+        if any(m in text for m in _COMPACTION_MARKERS):
+            return "compaction"
+        if any(m in text for m in _AUX_MARKERS):
+            return "aux"
+        return classify_by_tools(tool_names, main_tool_names)
+
+
+def _last_result(stdout: str) -> dict | None:
+    """The final `{"type": "result", ...}` line of stream-json output."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "result":
+            return obj
+    return None

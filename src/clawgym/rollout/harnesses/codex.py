@@ -1,0 +1,107 @@
+"""`codex`: OpenAI's Codex CLI (`codex exec`), unmodified, against the proxy's Responses route.
+
+From driving the real binary (shared/research/harnesses.md §4): Codex speaks only the Responses API;
+a per-run `$CODEX_HOME/config.toml` names the proxy as a model provider, turns approvals and the
+sandbox off (the rollout's own sandbox isolates it), and turns off plugins, analytics, feedback,
+multi-agent tools and web search, so it connects to nothing but the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clawgym.rollout.harnesses import npm
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools
+
+VERSION = "0.171.0"
+PACKAGE = f"@openai/codex@{VERSION}"
+_COMPACTION_MARKERS = ("context checkpoint compaction", "create a handoff summary", "summarize the conversation")
+
+CONFIG = """\
+model = "{model}"
+model_provider = "clawgym"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+model_context_window = {context_window}
+web_search = "disabled"
+
+[model_providers.clawgym]
+name = "clawgym proxy"
+base_url = "{base_url}/v1"
+env_key = "CLAWGYM_API_KEY"
+wire_api = "responses"
+request_max_retries = {retries}
+stream_max_retries = {retries}
+stream_idle_timeout_ms = {idle_ms}
+
+[agents]
+enabled = false
+[analytics]
+enabled = false
+[feedback]
+enabled = false
+[features]
+plugins = false
+goals = false
+"""
+
+
+class Codex:
+    name = "codex"
+    protocol = "openai-responses"
+
+    def __init__(self, context_window: int = 32768, retries: int = 2, idle_timeout_s: int = 600):
+        self.context_window, self.retries, self.idle_timeout_s = context_window, retries, idle_timeout_s
+
+    @property
+    def folder(self) -> Path:
+        return npm.harness_home() / "codex"
+
+    def binary(self) -> Path:
+        return npm.bin_path(self.folder, "codex")
+
+    def install(self) -> Path:
+        npm.npm_install(self.folder, [PACKAGE])
+        return self.binary()
+
+    def missing(self) -> str | None:
+        if not self.binary().exists():
+            return f"Codex {VERSION} is not installed (run: clawgym harness install codex)"
+        return None
+
+    def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
+        config = CONFIG.format(model=endpoint.model, base_url=endpoint.base_url.rstrip("/"), context_window=self.context_window,
+                               retries=self.retries, idle_ms=self.idle_timeout_s * 1000)
+        argv = [str(self.binary()), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(workspace),
+                "--dangerously-bypass-approvals-and-sandbox", instruction]
+        env = {"CODEX_HOME": str(home / ".codex"), "CLAWGYM_API_KEY": endpoint.api_key}
+        return Launch(argv=argv, env=env, files={".codex/config.toml": config})
+
+    def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
+        events = _events(stdout)
+        if exit_code == 0 and any(e.get("type") == "turn.completed" for e in events):
+            return Outcome("ok")
+        failed = [e for e in events if e.get("type") in ("turn.failed", "error")]
+        text = json.dumps(failed[-1])[:300] if failed else (stderr.strip().splitlines() or [""])[-1][:300]
+        if any(s in text.lower() for s in ("stream disconnected", "connection", "error sending request", "429", "500", "503")):
+            return Outcome("infra_error", f"model endpoint failed: {text}")
+        return Outcome("harness_error", f"exit code {exit_code}: {text}")
+
+    def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
+        if any(m in last_user_text.lower() for m in _COMPACTION_MARKERS):
+            return "compaction"
+        return classify_by_tools(tool_names, main_tool_names)
+
+
+def _events(stdout: str) -> list[dict]:
+    out = []
+    for line in stdout.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out

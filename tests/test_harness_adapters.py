@@ -1,0 +1,118 @@
+"""Harness adapters without a model: agentloop's tools, each adapter's launch, outcome reading and call roles."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from clawgym.rollout.harnesses import HARNESSES, Endpoint
+from clawgym.rollout.harnesses.agentloop import run_tool
+from clawgym.rollout.harnesses.base import classify_by_tools
+
+EP = Endpoint(base_url="http://127.0.0.1:9/r/abc", api_key="sk-rollout-key", model="policy")
+
+
+@pytest.fixture
+def in_workspace(tmp_path: Path):
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    yield tmp_path
+    os.chdir(old)
+
+
+def test_agentloop_tools_act_in_the_workspace(in_workspace: Path) -> None:
+    assert run_tool("write", {"path": "a/b.txt", "content": "hello"}) == "wrote 5 characters to a/b.txt"
+    assert (in_workspace / "a/b.txt").read_text() == "hello"
+    assert run_tool("read", {"path": "a/b.txt"}) == "hello"
+    assert run_tool("edit", {"path": "a/b.txt", "old": "ll", "new": "LL"}) == "edited a/b.txt"
+    assert (in_workspace / "a/b.txt").read_text() == "heLLo"
+    assert run_tool("edit", {"path": "a/b.txt", "old": "zz", "new": ""}).startswith("error: the text to replace was not found")
+    out = run_tool("bash", {"command": "echo hi > out.txt && cat out.txt && exit 3"})
+    assert out == "exit code 3\nhi\n" and (in_workspace / "out.txt").read_text() == "hi\n"
+    assert run_tool("python", {"code": "print(6*7)"}) == "exit code 0\n42\n"
+
+
+def test_agentloop_tool_errors_are_text_for_the_model(in_workspace: Path) -> None:
+    assert run_tool("read", {"path": "../../etc/passwd"}).startswith("error: path '../../etc/passwd' is outside the workspace")
+    assert run_tool("write", {"path": "/tmp/x", "content": ""}).startswith("error: path '/tmp/x' is outside")
+    assert run_tool("bash", {}) == "error: missing argument 'command' for tool bash"
+    assert run_tool("fly", {}).startswith("error: unknown tool 'fly'; available: bash, read, write, edit, python")
+    assert run_tool("read", {"path": "missing.txt"}).startswith("error: [Errno 2]")
+    assert run_tool("bash", {"command": "sleep 5"}, timeout=0.2) == "error: bash timed out after 0 s"
+    big = run_tool("python", {"code": "print('x' * 10000)"})
+    assert len(big) < 4200 and "characters cut" in big
+
+
+def test_every_adapter_points_the_harness_at_the_rollout_url_and_key(tmp_path: Path) -> None:
+    for name, make in HARNESSES.items():
+        h = make()
+        launch = h.launch("Write hi to out.txt", tmp_path / "ws", tmp_path / "home", EP)
+        blob = json.dumps(launch.argv) + json.dumps(launch.env) + json.dumps(launch.files)
+        assert "http://127.0.0.1:9/r/abc" in blob, name
+        assert "sk-rollout-key" in blob, name
+        assert "Write hi to out.txt" in launch.argv, name
+        assert h.protocol in ("anthropic", "openai-chat", "openai-responses")
+
+
+def test_quiet_settings_of_the_real_harnesses(tmp_path: Path) -> None:
+    cc = HARNESSES["claude-code"]().launch("x", tmp_path, tmp_path, EP)
+    assert cc.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and cc.env["IS_SANDBOX"] == "1"
+    assert {"-p", "--verbose", "--dangerously-skip-permissions"} <= set(cc.argv)
+    assert cc.argv[cc.argv.index("--output-format") + 1] == "stream-json"
+    codex = HARNESSES["codex"]().launch("x", tmp_path, tmp_path / "home", EP)
+    config = codex.files[".codex/config.toml"]
+    assert 'wire_api = "responses"' in config and 'base_url = "http://127.0.0.1:9/r/abc/v1"' in config
+    assert "plugins = false" in config and codex.env["CODEX_HOME"] == str(tmp_path / "home" / ".codex")
+    oc = HARNESSES["openclaw"]().launch("x", tmp_path, tmp_path / "home", EP)
+    cfg = json.loads(oc.files["openclaw.json5"])
+    assert cfg["models"]["providers"]["clawgym"]["baseUrl"] == "http://127.0.0.1:9/r/abc/v1"
+
+
+def test_outcomes_are_read_from_exit_code_and_output() -> None:
+    al = HARNESSES["agentloop"]()
+    assert al.outcome(0, "", "").status == "ok"
+    assert al.outcome(4, "", "model endpoint failed: Connection error.").status == "infra_error"
+    assert al.outcome(1, "", "Traceback...\nKeyError: x").status == "harness_error"
+
+    cc = HARNESSES["claude-code"]()
+    ok = json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "Done"})
+    assert cc.outcome(0, '{"type":"system"}\n' + ok, "").status == "ok"
+    not_logged_in = json.dumps({"type": "result", "is_error": True, "result": "Not logged in · Please run /login"})
+    bad = cc.outcome(1, not_logged_in, "")
+    assert bad.status == "harness_error" and "Not logged in" in bad.message
+    retry = json.dumps({"type": "system", "subtype": "api_retry"})
+    assert cc.outcome(1, retry + "\n" + not_logged_in, "").status == "infra_error"
+
+    codex = HARNESSES["codex"]()
+    assert codex.outcome(0, '{"type":"thread.started"}\n{"type":"turn.completed","usage":{}}', "").status == "ok"
+    failed = codex.outcome(1, '{"type":"turn.failed","error":{"message":"stream disconnected before completion"}}', "")
+    assert failed.status == "infra_error"
+
+    oc = HARNESSES["openclaw"]()
+    assert oc.outcome(0, '{"ok":true,"status":"ok","final":"Done"}', "").status == "ok"
+    assert oc.outcome(1, '{"ok":false,"error":"fetch failed ECONNREFUSED"}', "").status == "infra_error"
+
+
+def test_call_roles() -> None:
+    main_tools = ["bash", "read", "write"]
+    assert classify_by_tools(main_tools, main_tools) == "main"
+    assert classify_by_tools(["read"], main_tools) == "subagent"
+    assert classify_by_tools([], main_tools) == "aux"
+    al = HARNESSES["agentloop"]()
+    assert al.classify([], "Your context is nearly full. Summarize", main_tools) == "compaction"
+    assert al.classify(main_tools, "Write hi", main_tools) == "main"
+    cc = HARNESSES["claude-code"]()
+    assert cc.classify([], "Generate a concise, sentence-case title for this", ["Bash"]) == "aux"
+    assert cc.classify(["Bash", "Read"], "Your task is to create a detailed summary of the conversation", ["Bash", "Read"]) == "compaction"
+    assert cc.classify(["Bash", "Read"], "fix the bug", ["Bash", "Read"]) == "main"
+
+
+def test_real_harnesses_say_how_to_install_when_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLAWGYM_HOME", str(tmp_path))
+    for name in ("claude-code", "codex", "openclaw"):
+        reason = HARNESSES[name]().missing()
+        assert reason is not None and f"clawgym harness install {name}" in reason
+    assert HARNESSES["agentloop"]().missing() is None
