@@ -192,3 +192,20 @@ def test_inspect_rejects_foreign_files_with_one_line(tmp_path: Path) -> None:
     A.write_table(tmp_path / "calls.parquet", _sample_calls(), A.CallRecord)
     r = clawgym("inspect", str(tmp_path / "calls.parquet"), "--rollout", "r1")
     assert r.returncode == 1 and "--rollout applies to trees.parquet" in r.stderr
+
+
+def test_inspect_trees_counts_leaves_per_rollout_and_draws_one(tmp_path: Path) -> None:
+    def node(rid: str, nid: int, parent: int, kind: str = "env") -> A.TreeNode:
+        return A.TreeNode(rid, nid, parent, [nid + 1] * 3, kind, [-0.1] * 3 if kind == "model" else [], f"c{nid}", 0, "main", True, 3 * nid)
+
+    # rollout a: a chain 0 → 1 → 2 (one leaf); rollout b: 0 → 1 and 0 → 2 (two leaves)
+    nodes = [node("a", 0, -1), node("a", 1, 0, "model"), node("a", 2, 1), node("b", 0, -1), node("b", 1, 0, "model"), node("b", 2, 0, "model")]
+    A.write_table(tmp_path / "trees.parquet", nodes, A.TreeNode)
+    r = clawgym("inspect", str(tmp_path / "trees.parquet"))
+    assert r.returncode == 0, r.stderr
+    assert "│ leaves" in r.stdout and r.stdout.split("│ leaves")[1].split("│")[1].strip() == "3"
+    r = clawgym("inspect", str(tmp_path / "trees.parquet"), "--rollout", "b")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("model") >= 2
+    r = clawgym("inspect", str(tmp_path / "trees.parquet"), "--rollout", "zzz")
+    assert r.returncode == 1 and "no rollout 'zzz'" in r.stderr

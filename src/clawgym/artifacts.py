@@ -164,7 +164,7 @@ class TreeNode:
     depth: int
     """position of the node's first token on its root-to-leaf path"""
     drop_reason: str = ""
-    """why not kept: dead_leaf | over_branching | aux | subagent | compaction | excluded_rollout"""
+    """why not kept: dead_leaf | failed_call | over_branching | aux | subagent | compaction | excluded_rollout"""
 
     KIND: ClassVar[str] = "trees"
     SCHEMA: ClassVar[pa.Schema]

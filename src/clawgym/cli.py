@@ -68,6 +68,72 @@ def init_model(
     typer.echo(f"wrote {info.path}: {info.architecture}, {info.n_params:,} parameters, vocab {info.vocab_size}")
 
 
+# --- reconstruct -------------------------------------------------------------------------------
+
+
+@app.command("build-trees")
+def build_trees(
+    step_dir: Optional[Path] = typer.Argument(None, help="A step directory: reads calls.parquet and rollouts.parquet there, writes trees.parquet."),
+    calls: Optional[Path] = typer.Option(None, help="calls.parquet (overrides STEP_DIR's)."),
+    rollouts: Optional[Path] = typer.Option(None, help="rollouts.parquet (overrides STEP_DIR's)."),
+    out: Optional[Path] = typer.Option(None, help="trees.parquet to write (overrides STEP_DIR's)."),
+    max_leaves: int = typer.Option(64, min=1, help="Drop a rollout whose tree has more leaves than this (over-branching)."),
+    metrics: Optional[Path] = typer.Option(None, help="metrics.jsonl to append the trees/ line to (default for a step-NNNN dir: the run's)."),
+    step: Optional[int] = typer.Option(None, help="Step number of the metrics line (default: from STEP_DIR's name or the rollouts)."),
+) -> None:
+    """Rebuild each rollout's calls into one prefix tree over token ids, filter it, and report.
+
+    Example: clawgym build-trees --calls calls.parquet --rollouts rollouts.parquet --out trees.parquet
+
+    Example: clawgym build-trees runs/demo/step-0001
+    """
+    from clawgym.trees import resolve_config, run_build_trees
+
+    run_build_trees(resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step), Console())
+
+
+# --- harnesses ---------------------------------------------------------------------------------
+
+harness_app = typer.Typer(help="Install and list the agent harnesses rollouts can drive.", no_args_is_help=True)
+app.add_typer(harness_app, name="harness")
+
+
+@harness_app.command("install")
+def harness_install(name: str = typer.Argument(..., metavar="NAME", help="claude-code | codex | openclaw.")) -> None:
+    """Install a harness's pinned npm version into clawgym's own prefix ($CLAWGYM_HOME/harnesses).
+
+    Example: clawgym harness install claude-code
+    """
+    from clawgym.rollout.harnesses import HARNESSES
+
+    if name not in HARNESSES:
+        raise UserError(f"unknown harness '{name}'; choose one of: {', '.join(HARNESSES)}")
+    harness = HARNESSES[name]()
+    if not hasattr(harness, "install"):
+        typer.echo(f"{name} is built in; nothing to install")
+        return
+    with err.status(f"installing {name} with npm"):
+        path = harness.install()
+    typer.echo(f"installed {name}: {path}")
+
+
+@harness_app.command("list")
+def harness_list() -> None:
+    """List the harnesses, the protocol each speaks, and whether it can run here.
+
+    Example: clawgym harness list
+    """
+    from rich.table import Table
+
+    from clawgym.rollout.harnesses import HARNESSES
+
+    table = Table("harness", "protocol", "status")
+    for name, make in HARNESSES.items():
+        h = make()
+        table.add_row(name, h.protocol, h.missing() or "ready")
+    Console().print(table)
+
+
 # --- looking at artifacts ----------------------------------------------------------------------
 
 

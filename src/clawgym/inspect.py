@@ -127,8 +127,10 @@ def summarize_trees(table, console: Console) -> None:
     lengths = pc.list_value_length(table.column("token_ids"))
     kind, role, kept = table.column("kind"), table.column("role"), table.column("kept")
     trainable = pc.and_(pc.and_(kept, pc.equal(kind, "model")), pc.equal(role, "main"))
-    parents = set(table.column("parent_id").to_pylist())
-    leaves = sum(1 for nid in table.column("node_id").to_pylist() if nid not in parents)
+    # node ids restart in every rollout: a leaf is a (rollout, node) that is nobody's parent there
+    rids = table.column("rollout_id").to_pylist()
+    parents = set(zip(rids, table.column("parent_id").to_pylist()))
+    leaves = sum(1 for key in zip(rids, table.column("node_id").to_pylist()) if key not in parents)
     drops = collections.Counter(r for r in table.column("drop_reason").to_pylist() if r)
     console.print(_kv_table("trees", [
         ("rollouts", len(set(table.column("rollout_id").to_pylist()))),
