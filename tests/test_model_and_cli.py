@@ -108,11 +108,33 @@ def test_template_is_our_own_and_prefix_stable(tiny_tokenizer) -> None:
 # --- CLI -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["init-model", "inspect"])
-def test_every_command_has_help_with_an_example(command: str) -> None:
-    r = clawgym(command, "--help")
-    assert r.returncode == 0
-    assert "Example: clawgym " + command in r.stdout
+def _leaf_commands() -> list[list[str]]:
+    """Every runnable command path of the app, e.g. ["harness", "install"]."""
+    import typer.main
+
+    from clawgym.cli import app
+
+    out: list[list[str]] = []
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, path + [name])
+        else:
+            out.append(path)
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    commands = _leaf_commands()
+    assert ["init-model"] in commands and ["inspect"] in commands
+    for path in commands:
+        r = clawgym(*path, "--help")
+        assert r.returncode == 0, path
+        assert "Example: clawgym " + " ".join(path) in r.stdout, path
 
 
 def test_version_and_root_help() -> None:
