@@ -134,6 +134,65 @@ def harness_list() -> None:
     Console().print(table)
 
 
+# --- tasks -------------------------------------------------------------------------------------
+
+tasks_app = typer.Typer(help="Import and validate task folders (instruction + workspace + verifier).", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+
+
+@tasks_app.command("import")
+def tasks_import(
+    src: Path = typer.Argument(..., help="The foreign task set: a PinchBench checkout (or its tasks/), a folder of ClawGym task_*/, or Harbor task folders."),
+    dst: Path = typer.Argument(..., help="Folder to write native task folders into (one per task)."),
+    source: str = typer.Option(..., "--from", help="pinchbench | clawgym | harbor"),
+    force: bool = typer.Option(False, "--force", help="Overwrite task folders that already exist in DST."),
+) -> None:
+    """Convert a PinchBench, ClawGym or Harbor task set into native task folders.
+
+    Each task keeps its source's scoring rule; a task that cannot be converted is skipped with its reason.
+
+    Example: clawgym tasks import --from clawgym ../shared/tasks/clawgym-bench tasks/clawgym-bench
+    """
+    from clawgym.tasks.importers import import_tasks
+
+    with err.status(f"importing {source} tasks from {src}"):
+        report = import_tasks(source, src, dst, force=force)
+    for name, reason in report.skipped:
+        err.print(f"[yellow]skipped[/] {name}: {reason}", highlight=False, soft_wrap=True)
+    typer.echo(f"imported {len(report.imported)} task(s) into {dst}; skipped {len(report.skipped)}")
+    if not report.imported:
+        raise typer.Exit(1)
+
+
+@tasks_app.command("validate")
+def tasks_validate(
+    path: Path = typer.Argument(..., help="A task folder or a folder of task folders."),
+    jobs: int = typer.Option(2, "--jobs", "-j", help="Tasks checked at once."),
+    sandbox: str = typer.Option("local", help="Sandbox backend: local | docker."),
+    network: str = typer.Option("auto", help="Local sandbox network: auto | bwrap | unshare | blackhole."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the full report as JSON."),
+    all_rows: bool = typer.Option(False, "--all", help="List every task, not only those with a problem or a positive no-op score."),
+) -> None:
+    """Parse every task, run its verifier on the untouched workspace, and report no-op scores and flags.
+
+    Flags say what a task needs beyond files and python3 (network, browser, judge, binary inputs, ...).
+    Exits 1 when a task folder is invalid.
+
+    Example: clawgym tasks validate tasks/clawgym-bench --jobs 2
+    """
+    from clawgym.artifacts import atomic_write_bytes
+    from clawgym.rollout.sandbox import SandboxConfig
+    from clawgym.tasks.validate import print_report, validate_tasks
+
+    with err.status(f"validating tasks in {path}"):
+        report = validate_tasks(path, sandbox=sandbox, sandbox_config=SandboxConfig(network=network), jobs=jobs)
+    print_report(report, Console(), show_all=all_rows)
+    if json_out:
+        atomic_write_bytes(json_out, report.to_json())
+    if report.n_invalid:
+        raise typer.Exit(1)
+
+
 # --- looking at artifacts ----------------------------------------------------------------------
 
 

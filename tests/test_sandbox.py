@@ -1,0 +1,289 @@
+"""The local sandbox: seeding, process-group kills, cleanup, limits, isolation and the network.
+
+Network tests never send traffic off this machine: outside addresses are tried only through the
+black-hole proxy (which records them) or from inside a network namespace with no route out."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from clawgym.rollout.sandbox import Limits, ProxyEndpoint, Sandbox, SandboxConfig, SandboxError, open_sandbox
+from clawgym.rollout.sandbox_local import MARKER, namespace_problem
+
+NAMESPACE_MODES = [
+    pytest.param(m, marks=pytest.mark.skipif(namespace_problem(m) is not None, reason=f"{m}: {namespace_problem(m)}"))
+    for m in ("bwrap", "unshare")
+]
+ALL_MODES = [*NAMESPACE_MODES, "blackhole"]
+
+
+def marked_pids(sandbox_id: str) -> list[int]:
+    """Live processes carrying the sandbox's marker in their environment."""
+    needle = f"{MARKER}={sandbox_id}\0".encode()
+    out = []
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/environ", "rb") as f:
+                    if needle in f.read() + b"\0":
+                        with open(f"/proc/{e}/stat") as s:
+                            if s.read().split(")")[-1].split()[0] != "Z":
+                                out.append(int(e))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> SandboxConfig:
+    return SandboxConfig(base_dir=tmp_path / "sb", network="blackhole", kill_grace_s=0.5)
+
+
+@pytest.fixture
+def fake_proxy():
+    """A 127.0.0.1 HTTP server standing for the serving proxy."""
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"proxy says hi"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+def test_seeded_workspace_home_and_logs(tmp_path: Path, cfg: SandboxConfig) -> None:
+    seed = tmp_path / "seed"
+    (seed / "sub").mkdir(parents=True)
+    (seed / "sub" / "a.txt").write_text("seed")
+    with open_sandbox("local", seed, cfg) as sb:
+        assert isinstance(sb, Sandbox)
+        r = sb.run(["sh", "-c", 'cat sub/a.txt; echo " $HOME $TMPDIR"; pwd; echo oops >&2; exit 3'], timeout=10)
+        assert r.exit_code == 3 and not r.timed_out and not r.ok
+        text = r.stdout()
+        assert text.startswith("seed ") and str(sb.root / "home") in text and str(sb.root / "tmp") in text
+        assert str(sb.workspace) in text and r.stderr().strip() == "oops"
+        assert r.stdout_path.parent == sb.logs
+        (sb.workspace / "new.txt").write_text("x")
+    assert (seed / "sub" / "a.txt").read_text() == "seed" and not (seed / "new.txt").exists()
+
+
+def test_host_secrets_do_not_leak_into_env(cfg: SandboxConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    with open_sandbox("local", None, cfg) as sb:
+        assert "sk-secret" not in sb.run(["env"], timeout=10).stdout()
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_timeout_kills_whole_group(tmp_path: Path, mode: str) -> None:
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network=mode, kill_grace_s=0.5)
+    with open_sandbox("local", None, cfg) as sb:
+        t0 = time.monotonic()
+        r = sb.run(["sh", "-c", "trap '' TERM; sleep 300 & sleep 300 & wait"], timeout=1)
+        assert r.timed_out and r.exit_code is None and time.monotonic() - t0 < 10
+        assert marked_pids(sb.id) == []
+
+
+def test_escaped_daemon_is_killed_at_close(cfg: SandboxConfig) -> None:
+    sb = open_sandbox("local", None, cfg)
+    r = sb.run(["sh", "-c", "setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo started"], timeout=10)
+    assert r.exit_code == 0
+    time.sleep(0.2)
+    assert len(marked_pids(sb.id)) == 1  # left the process group with setsid
+    sb.close()
+    time.sleep(0.1)
+    assert marked_pids(sb.id) == []
+
+
+def test_close_removes_files_and_is_idempotent(cfg: SandboxConfig) -> None:
+    sb = open_sandbox("local", None, cfg)
+    root = sb.root
+    sb.run(["sh", "-c", "mkdir -p ro && touch ro/f && chmod 0 ro/f && chmod 500 ro"], timeout=10)
+    sb.close()
+    sb.close()
+    assert not root.exists()
+    with pytest.raises(SandboxError, match="closed"):
+        sb.run(["true"], timeout=5)
+
+
+def test_close_cancels_a_running_command(cfg: SandboxConfig) -> None:
+    sb = open_sandbox("local", None, cfg)
+    threading.Timer(0.5, sb.close).start()
+    r = sb.run(["sleep", "30"], timeout=30)
+    assert r.cancelled and r.exit_code is None and not r.timed_out
+
+
+def test_missing_command_is_a_sandbox_error(cfg: SandboxConfig) -> None:
+    with open_sandbox("local", None, cfg) as sb:
+        with pytest.raises(SandboxError, match="not found"):
+            sb.run(["no-such-harness-binary"], timeout=5)
+        with pytest.raises(SandboxError, match="outside"):
+            sb.run(["true"], timeout=5, cwd="../..")
+        with pytest.raises(SandboxError, match="leaves"):
+            sb.put_file("../../escape", b"x")
+
+
+def test_resource_limits(tmp_path: Path) -> None:
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network="blackhole", limits=Limits(file_size_mb=1, open_files=64))
+    with open_sandbox("local", None, cfg) as sb:
+        r = sb.run(["sh", "-c", "ulimit -n; head -c 3000000 /dev/zero > big"], timeout=10)
+        assert r.stdout().split()[0] == "64"
+        assert r.exit_code != 0 and (sb.workspace / "big").stat().st_size <= 1024 * 1024
+
+
+def test_tests_appear_only_when_installed(tmp_path: Path, cfg: SandboxConfig) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "check.py").write_text("print(1)")
+    with open_sandbox("local", None, cfg) as sb:
+        (sb.root / "tests").mkdir()
+        (sb.root / "tests" / "check.py").write_text("planted by the harness")
+        path = sb.install_tests(tests)
+        assert Path(path, "check.py").read_text() == "print(1)"
+        assert not (sb.workspace / "check.py").exists()
+
+
+@pytest.mark.parametrize("mode", NAMESPACE_MODES)
+def test_namespace_proxy_reachable_outside_refused(tmp_path: Path, fake_proxy: int, mode: str) -> None:
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network=mode, proxy=ProxyEndpoint(port=fake_proxy))
+    code = f"""
+import socket, urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:{fake_proxy}/v1").read().decode())
+try:
+    urllib.request.urlopen("https://192.0.2.1/", timeout=5)
+except Exception as e:
+    print("via-proxy-refused", e)
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(("192.0.2.1", 80))  # inside the namespace there is no route: fails locally
+    print("DIRECT-CONNECTED")
+except OSError as e:
+    print("direct-refused", e.errno)
+"""
+    with open_sandbox("local", None, cfg) as sb:
+        assert sb.network == mode
+        r = sb.run(["python3", "-c", code], timeout=30)
+        out = r.stdout()
+        assert r.exit_code == 0, r.stderr()
+        assert "proxy says hi" in out and "via-proxy-refused" in out and "direct-refused" in out and "DIRECT" not in out
+        assert [(a.method, a.target) for a in sb.blocked_attempts()] == [("CONNECT", "192.0.2.1:443")]
+
+
+@pytest.mark.parametrize("mode", NAMESPACE_MODES)
+def test_proxy_on_a_unix_socket(tmp_path: Path, mode: str) -> None:
+    """A proxy that listens on a Unix socket is reached at 127.0.0.1:<port> inside, like a TCP one."""
+    import socketserver
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"unix")
+
+        def address_string(self):
+            return "unix"
+
+        def log_message(self, *a):
+            pass
+
+    class UnixHTTP(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    path = str(tmp_path / "proxy.sock")
+    srv = UnixHTTP(path, H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cfg = SandboxConfig(base_dir=tmp_path / "sb", network=mode, proxy=ProxyEndpoint(port=18777, unix_path=path))
+        with open_sandbox("local", None, cfg) as sb:
+            r = sb.run(["python3", "-c", "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:18777/').read().decode())"], timeout=20)
+            assert r.stdout().strip() == "unix", r.stderr()
+    finally:
+        srv.shutdown()
+
+
+def test_blackhole_refuses_and_counts(tmp_path: Path, fake_proxy: int) -> None:
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network="blackhole", proxy=ProxyEndpoint(port=fake_proxy))
+    code = f"""
+import urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:{fake_proxy}/").read().decode())
+for url in ("http://192.0.2.1/x", "https://192.0.2.1/y"):
+    try:
+        urllib.request.urlopen(url, timeout=5)
+    except Exception as e:
+        print("refused", e)
+"""
+    with open_sandbox("local", None, cfg) as sb:
+        r = sb.run(["python3", "-c", code], timeout=30)
+        assert r.stdout().count("refused") == 2 and "proxy says hi" in r.stdout()
+        assert sorted((a.method, a.target) for a in sb.blocked_attempts()) == [("CONNECT", "192.0.2.1:443"), ("GET", "http://192.0.2.1/x")]
+
+
+@pytest.mark.skipif(namespace_problem("bwrap") is not None, reason=f"bwrap: {namespace_problem('bwrap')}")
+def test_sandboxes_cannot_see_each_other(tmp_path: Path) -> None:
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network="bwrap")
+    with open_sandbox("local", None, cfg) as a, open_sandbox("local", None, cfg) as b:
+        (a.workspace / "secret.txt").write_text("a's secret")
+        r = b.run(["sh", "-c", f"cat {a.workspace}/secret.txt; ls {cfg.base_dir}; echo hi > {a.workspace}/planted"], timeout=10)
+        assert "a's secret" not in r.stdout() and r.stdout().split() == [b.root.name]
+        assert not (a.workspace / "planted").exists()
+        r = b.run(["sh", "-c", "echo x > /etc/clawgym-test || echo readonly"], timeout=10)
+        assert "readonly" in r.stdout() and not Path("/etc/clawgym-test").exists()
+
+
+@pytest.mark.skipif(namespace_problem("bwrap") is not None, reason=f"bwrap: {namespace_problem('bwrap')}")
+def test_hidden_task_folders_are_masked(tmp_path: Path) -> None:
+    # Outside /tmp (which bwrap hides anyway), so that only `hide` can mask it.
+    root = Path(tempfile.mkdtemp(prefix="clawgym-test-tasks-", dir="/var/tmp"))
+    try:
+        (root / "t1" / "tests").mkdir(parents=True)
+        (root / "t1" / "tests" / "check.py").write_text("the answer key")
+        cmd = ["sh", "-c", f"cat {root}/t1/tests/check.py; echo; ls -A {root} | wc -l"]
+        for hide, visible in (([], True), ([root], False)):
+            cfg = SandboxConfig(base_dir=tmp_path / "sb", network="bwrap", hide=hide)
+            with open_sandbox("local", None, cfg) as sb:
+                out = sb.run(cmd, timeout=10).stdout()
+                assert ("answer key" in out) == visible and (out.split()[-1] == "0") != visible
+    finally:
+        shutil.rmtree(root)
+
+
+def _docker_problem() -> str | None:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return None
+    except Exception as e:
+        return f"no Docker engine reachable here ({type(e).__name__})"
+
+
+@pytest.mark.skipif(_docker_problem() is not None, reason=str(_docker_problem()))
+def test_docker_sandbox_runs(tmp_path: Path) -> None:
+    with open_sandbox("docker", None, SandboxConfig(base_dir=tmp_path / "sb")) as sb:
+        r = sb.run(["sh", "-c", "echo hi > out.txt; cat out.txt"], timeout=30)
+        assert r.exit_code == 0 and (sb.workspace / "out.txt").read_text() == "hi\n"
+
+
+def test_docker_without_engine_is_a_clear_error(tmp_path: Path) -> None:
+    if _docker_problem() is None:
+        pytest.skip("a Docker engine runs here")
+    with pytest.raises(SandboxError, match="no Docker engine reachable"):
+        open_sandbox("docker", None, SandboxConfig(base_dir=tmp_path / "sb"))
