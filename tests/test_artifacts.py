@@ -249,3 +249,11 @@ def test_write_config_records_resolved_dataclass(tmp_path: Path) -> None:
 
     A.write_config(tmp_path / "config.json", Cfg())
     assert orjson.loads((tmp_path / "config.json").read_bytes()) == {"lr": 1e-4, "path": "x"}
+
+
+def test_write_config_redacts_secrets(tmp_path: Path) -> None:
+    A.write_config(tmp_path / "c.json", {"judge": {"api_key": "sk-secret", "model": "j"}, "admin_token": "t0k", "n": 2,
+                                         "empty_token": None})
+    text = (tmp_path / "c.json").read_text()
+    assert "sk-secret" not in text and "t0k" not in text
+    assert orjson.loads(text) == {"judge": {"api_key": "<redacted>", "model": "j"}, "admin_token": "<redacted>", "n": 2, "empty_token": None}

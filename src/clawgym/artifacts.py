@@ -296,11 +296,24 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+_SECRET_KEYS = ("api_key", "token", "secret", "password")
+
+
+def redact(value: Any) -> Any:
+    """A copy with the values of secret-looking keys (api_key, *token*, ...) replaced: configs are
+    shared and committed, keys must never be."""
+    if isinstance(value, dict):
+        return {k: "<redacted>" if v and any(s in str(k).lower() for s in _SECRET_KEYS) else redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    return value
+
+
 def write_config(path: str | os.PathLike, config: Any) -> Path:
-    """Record the resolved config of a stage next to its output (JSON; dataclasses welcome)."""
+    """Record the resolved config of a stage next to its output (JSON; dataclasses welcome; secrets redacted)."""
     if dataclasses.is_dataclass(config):
         config = dataclasses.asdict(config)
-    return atomic_write_bytes(path, orjson.dumps(config, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str))
+    return atomic_write_bytes(path, orjson.dumps(redact(config), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str))
 
 
 # ---------------------------------------------------------------------------------------------
