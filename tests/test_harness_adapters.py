@@ -74,12 +74,13 @@ def test_quiet_settings_of_the_real_harnesses(tmp_path: Path) -> None:
 def test_outcomes_are_read_from_exit_code_and_output() -> None:
     al = HARNESSES["agentloop"]()
     assert al.outcome(0, "", "").status == "ok"
+    assert al.outcome(0, '{"event": "turn"}\n{"event": "done", "final": "42 apples"}\n', "").final_message == "42 apples"
     assert al.outcome(4, "", "model endpoint failed: Connection error.").status == "infra_error"
     assert al.outcome(1, "", "Traceback...\nKeyError: x").status == "harness_error"
 
     cc = HARNESSES["claude-code"]()
     ok = json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "Done"})
-    assert cc.outcome(0, '{"type":"system"}\n' + ok, "").status == "ok"
+    assert cc.outcome(0, '{"type":"system"}\n' + ok, "").final_message == "Done"
     not_logged_in = json.dumps({"type": "result", "is_error": True, "result": "Not logged in · Please run /login"})
     bad = cc.outcome(1, not_logged_in, "")
     assert bad.status == "harness_error" and "Not logged in" in bad.message
@@ -87,12 +88,13 @@ def test_outcomes_are_read_from_exit_code_and_output() -> None:
     assert cc.outcome(1, retry + "\n" + not_logged_in, "").status == "infra_error"
 
     codex = HARNESSES["codex"]()
-    assert codex.outcome(0, '{"type":"thread.started"}\n{"type":"turn.completed","usage":{}}', "").status == "ok"
+    done = '{"type":"item.completed","item":{"type":"agent_message","text":"All set"}}\n{"type":"turn.completed","usage":{}}'
+    assert codex.outcome(0, done, "").final_message == "All set"
     failed = codex.outcome(1, '{"type":"turn.failed","error":{"message":"stream disconnected before completion"}}', "")
     assert failed.status == "infra_error"
 
     oc = HARNESSES["openclaw"]()
-    assert oc.outcome(0, '{"ok":true,"status":"ok","final":"Done"}', "").status == "ok"
+    assert oc.outcome(0, '{"ok":true,"status":"ok","final":"Done"}', "").final_message == "Done"
     assert oc.outcome(1, '{"ok":false,"error":"fetch failed ECONNREFUSED"}', "").status == "infra_error"
 
 

@@ -68,6 +68,55 @@ def init_model(
     typer.echo(f"wrote {info.path}: {info.architecture}, {info.n_params:,} parameters, vocab {info.vocab_size}")
 
 
+# --- optimize ----------------------------------------------------------------------------------
+
+
+@app.command("train")
+def train(
+    step: Optional[Path] = typer.Argument(None, help="A step directory holding trees.parquet and rollouts.parquet."),
+    model: Path = typer.Option(..., help="Policy checkpoint to start from (HF directory)."),
+    out: Path = typer.Option(..., help="Checkpoint directory to write (HF format + optimizer + trainer state)."),
+    trees: Optional[Path] = typer.Option(None, help="trees.parquet (default: STEP/trees.parquet)."),
+    rollouts: Optional[Path] = typer.Option(None, help="rollouts.parquet (default: STEP/rollouts.parquet)."),
+    algo: str = typer.Option("grpo", help="grpo | ppo | sft."),
+    metrics: Optional[Path] = typer.Option(None, help="train.jsonl to append to (default: beside trees.parquet)."),
+    lr: float = typer.Option(1e-5, help="Policy learning rate (AdamW)."),
+    epochs: int = typer.Option(1, help="Passes over the batch."),
+    minibatches: int = typer.Option(1, help="Optimizer steps per epoch."),
+    clip_low: float = typer.Option(0.2, help="ε below 1 for the ratio clip."),
+    clip_high: float = typer.Option(0.2, help="ε above 1 for the ratio clip."),
+    tis: str = typer.Option("token", help="Truncated importance sampling: token | sequence | off."),
+    tis_cap: float = typer.Option(2.0, help="Truncation C of the importance weights."),
+    kl_coef: float = typer.Option(0.0, help="β of the k3 KL to --ref-model."),
+    ref_model: Optional[Path] = typer.Option(None, help="Reference policy for the KL term."),
+    aggregation: str = typer.Option("token-mean", help="token-mean | rollout-mean."),
+    token_budget: int = typer.Option(8192, help="Padded tokens per micro-batch."),
+    attention: str = typer.Option("auto", help="Packed-tree attention: auto (flex on CUDA, segments on CPU) | segments | dense | flex."),
+    max_grad_norm: float = typer.Option(1.0, help="Gradient clipping norm."),
+    value_lr: float = typer.Option(1e-5, help="PPO: value model learning rate."),
+    value_warmup_steps: int = typer.Option(0, help="PPO: value-only updates before the policy moves."),
+    min_reward: float = typer.Option(1.0, help="SFT: keep rollouts with at least this reward."),
+    seed: int = typer.Option(0, help="Seed for minibatch order."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted call from the checkpoint in --out."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the checkpoint in --out."),
+) -> None:
+    """Update the policy with GRPO, PPO or SFT over the step's packed prefix trees.
+
+    Writes an HF checkpoint to --out and one train.jsonl line per update.
+
+    Example: clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
+    """
+    from clawgym.train.loop import TrainConfig, train as _train
+
+    if trees is None or rollouts is None:
+        if step is None:
+            raise UserError("give a step directory, or both --trees and --rollouts")
+        trees, rollouts = trees or step / "trees.parquet", rollouts or step / "rollouts.parquet"
+    args = {k: v for k, v in locals().items() if k in TrainConfig.__dataclass_fields__}
+    result = _train(TrainConfig(**args))
+    typer.echo(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens")
+
+
 # --- reconstruct -------------------------------------------------------------------------------
 
 
@@ -90,6 +139,103 @@ def build_trees(
     from clawgym.trees import resolve_config, run_build_trees
 
     run_build_trees(resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step), Console())
+
+
+# --- collect -----------------------------------------------------------------------------------
+
+
+@app.command("rollout")
+def rollout(
+    tasks: Path = typer.Option(..., help="A task folder or a folder of task folders (native format)."),
+    harness: str = typer.Option("agentloop", help="Harness name(s), comma-separated: agentloop, claude-code, codex, openclaw."),
+    out: Path = typer.Option(..., help="Output folder: rollouts.parquet, calls.parquet, records/, results.jsonl."),
+    n: int = typer.Option(1, help="Samples per task–harness pair (the GRPO group size)."),
+    concurrency: int = typer.Option(4, help="Rollouts running at once."),
+    model: Optional[Path] = typer.Option(None, help="Serve this model with a proxy in this process."),
+    engine: str = typer.Option("hf", help="Engine of the in-process proxy: hf | scripted (| vllm | remote where installed)."),
+    script: Optional[Path] = typer.Option(None, help="Scripted engine: the JSONL file of model texts."),
+    proxy: Optional[str] = typer.Option(None, help="Use a running proxy at this URL instead of --model."),
+    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="The running proxy's admin token."),
+    records: Optional[Path] = typer.Option(None, help="The folder the running proxy records into."),
+    timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
+    sandbox: str = typer.Option("local", help="local | docker."),
+    network: str = typer.Option("auto", help="Sandbox network: auto | bwrap | unshare | blackhole | host."),
+    judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
+    judge_model: str = typer.Option("judge", help="The judge's model name."),
+    step: int = typer.Option(0, help="Step number recorded on each rollout."),
+) -> None:
+    """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
+
+    Rerunning into the same --out resumes: finished rollouts are kept, unfinished ones run again.
+
+    Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
+    """
+    from clawgym.rollout.judge import JudgeConfig
+    from clawgym.rollout.runner import RolloutConfig, run_rollouts
+    from clawgym.rollout.verifier import VerifierConfig
+
+    options = {"script": str(script)} if script else {}
+    verifier = VerifierConfig(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
+    cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
+                        concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
+                        admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
+                        step=step, verifier=verifier)
+    summary = run_rollouts(cfg, err)
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
+    typer.echo(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {out}")
+
+
+# --- loop and evaluation -----------------------------------------------------------------------
+
+
+@app.command("run")
+def run(
+    recipe: Path = typer.Argument(..., metavar="RECIPE.toml", help="The recipe: one section per stage (docs/recipes.md)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed run from its last complete stage."),
+) -> None:
+    """Run the RL loop: collect → reconstruct → optimize → sync, step after step, with metrics and plots.
+
+    Example: clawgym run recipes/quickstart.toml
+    """
+    from clawgym.loop import run as _run
+
+    lines = _run(recipe, resume=resume, console=err)
+    if lines:
+        last = lines[-1].values
+        typer.echo(f"{len(lines)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
+
+
+@app.command("eval")
+def eval_(
+    tasks: Path = typer.Option(..., help="A folder of task folders."),
+    harness: str = typer.Option("agentloop", help="Harness name(s), comma-separated."),
+    model: Path = typer.Option(..., help="The policy checkpoint to evaluate (HF directory)."),
+    n: int = typer.Option(4, help="Samples per task: Pass@1 is their mean score."),
+    out: Path = typer.Option(..., help="Output folder: eval.md, eval.json and the rollouts."),
+    engine: str = typer.Option("hf", help="Engine of the in-process proxy."),
+    concurrency: int = typer.Option(4, help="Rollouts running at once."),
+    timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
+    judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
+    judge_model: str = typer.Option("judge", help="The judge's model name."),
+) -> None:
+    """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
+
+    Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/quickstart/checkpoints/step-0012 --n 4 --out runs/eval
+    """
+    from clawgym.eval import evaluate
+    from clawgym.rollout.judge import JudgeConfig
+    from clawgym.rollout.runner import RolloutConfig
+    from clawgym.rollout.verifier import VerifierConfig
+
+    verifier = VerifierConfig(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
+    cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
+                        concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier)
+    report = evaluate(cfg, err)
+    report.print(Console())
+    if verifier.judge is None:
+        typer.echo("no judge configured: code scores only")
+    typer.echo(f"Pass@1 {100 * report.overall:.1f}%; wrote {out / 'eval.md'} and {out / 'eval.json'}")
 
 
 # --- harnesses ---------------------------------------------------------------------------------
@@ -191,6 +337,84 @@ def tasks_validate(
         atomic_write_bytes(json_out, report.to_json())
     if report.n_invalid:
         raise typer.Exit(1)
+
+
+# --- serving -----------------------------------------------------------------------------------
+
+
+@app.command("serve-proxy")
+def serve_proxy(
+    model: Path = typer.Option(..., "--model", help="Model directory (HF format; its tokenizer and chat template render prompts)."),
+    engine: str = typer.Option("hf", help="Engine: hf (transformers, CPU default), scripted (texts from --script / the admin API), vllm (in process), remote (--engine-url)."),
+    engine_url: Optional[str] = typer.Option(None, help="Remote engine: vLLM or SGLang server URL(s), comma-separated; rollouts stick to one."),
+    engine_option: list[str] = typer.Option([], help="KEY=VALUE engine option, repeatable; VALUE is JSON when it parses (e.g. dtype=float32, enable_sleep_mode=true)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback by default."),
+    port: int = typer.Option(8000, help="Port (0 picks a free one)."),
+    records: Path = typer.Option(Path("records"), help="Directory for the per-rollout call records (ROLLOUT.jsonl)."),
+    script: Optional[Path] = typer.Option(None, help="Scripted engine: JSONL of {rollout_id, text|error, delay_s} items."),
+    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="Admin token (default: a random one, printed)."),
+    api_key: Optional[str] = typer.Option(None, envvar="CLAWGYM_PROXY_API_KEY", help="A shared key any rollout id may use (rollouts register on first call)."),
+    max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
+    ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
+) -> None:
+    """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
+
+    Each rollout gets /r/ROLLOUT as its base URL and its own API key (POST /admin/rollouts).
+
+    Example: clawgym serve-proxy --model models/tiny --engine scripted --script script.jsonl --port 8000
+
+    Example: clawgym serve-proxy --model models/tiny --engine remote --engine-url http://127.0.0.1:8100
+    """
+    import json
+
+    from clawgym.proxy import ProxyConfig, serve
+
+    if not (model / "config.json").exists():
+        raise UserError(f"--model {model} is not a model directory (no config.json); make one with `clawgym init-model`")
+    options = {"script": str(script)} if script else {}
+    if engine_url:
+        options["engine_url"] = engine_url
+    for item in engine_option:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"--engine-option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
+                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
+
+    def ready(url: str, token: str) -> None:
+        typer.echo(f"serving {model} ({engine}) on {url}; records in {records}")
+        if admin_token is None:
+            typer.echo(f"admin token: {token}")
+
+    serve(config, ready=ready)
+
+
+# --- engines -----------------------------------------------------------------------------------
+
+
+@app.command("mismatch")
+def mismatch(
+    calls: list[Path] = typer.Option(..., "--calls", help="calls.parquet sampled by an engine; repeat to compare engines in one table."),
+    model: Path = typer.Option(..., "--model", help="The checkpoint that sampled them (HF directory), as the trainer loads it."),
+    policy_version: Optional[int] = typer.Option(None, help="Only calls of this policy version (needed when a file mixes versions)."),
+    max_calls: Optional[int] = typer.Option(None, min=1, help="Measure at most this many calls per file."),
+) -> None:
+    """Compare the engine's logprobs of sampled tokens with the trainer's fp32 recomputation.
+
+    Prints mean and max |Δlogp|, k3 KL(rollout ‖ trainer) and the share of tokens whose ratio lies
+    outside [0.5, 2] — the mismatch that token-level TIS corrects (paper §3.2.4).
+
+    Example: clawgym mismatch --calls runs/demo/step-0001/calls.parquet --model models/tiny
+    """
+    from clawgym.mismatch import run_mismatch
+
+    run_mismatch(calls, model, Console(), policy_version=policy_version, max_calls=max_calls)
 
 
 # --- looking at artifacts ----------------------------------------------------------------------

@@ -78,7 +78,12 @@ class AgentLoop:
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
         if exit_code == 0:
-            return Outcome("ok")
+            final = None
+            for line in reversed(stdout.splitlines()):
+                if line.startswith('{"event": "done"'):
+                    final = json.loads(line).get("final")
+                    break
+            return Outcome("ok", final_message=final)
         if exit_code == EXIT_ENDPOINT_FAILED:
             return Outcome("infra_error", _last_line(stderr) or "model endpoint failed")
         return Outcome("harness_error", f"exit code {exit_code}: {_last_line(stderr)}")
@@ -213,7 +218,7 @@ def agent_main(argv: list[str] | None = None) -> int:
             _inside(args.answer_file).write_text(final)
         except (OSError, ValueError) as e:
             print(f"could not save the answer: {e}", file=sys.stderr)
-    _log("done", final=final[:200])
+    _log("done", final=final)
     return 0
 
 

@@ -43,6 +43,8 @@ class Outcome:
     status: str
     """ok | harness_error | infra_error (the model endpoint failed)"""
     message: str = ""
+    final_message: str | None = None
+    """the agent's final answer as the harness reported it (checks read it as $CLAWGYM_FINAL_MESSAGE)"""
 
 
 class Harness(Protocol):

@@ -66,7 +66,7 @@ class ClaudeCode:
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
         result = _last_result(stdout)
         if result is not None and not result.get("is_error"):
-            return Outcome("ok")
+            return Outcome("ok", final_message=result.get("result"))
         text = (result or {}).get("result") or (stderr.strip().splitlines() or [""])[-1]
         if result is not None and result.get("subtype") == "error_max_turns":
             return Outcome("ok", "turn limit reached")  # scored as is, like a timeout

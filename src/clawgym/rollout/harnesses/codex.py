@@ -82,7 +82,9 @@ class Codex:
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
         events = _events(stdout)
         if exit_code == 0 and any(e.get("type") == "turn.completed" for e in events):
-            return Outcome("ok")
+            messages = [e["item"].get("text") for e in events
+                        if e.get("type") == "item.completed" and isinstance(e.get("item"), dict) and e["item"].get("type") == "agent_message"]
+            return Outcome("ok", final_message=messages[-1] if messages else None)
         failed = [e for e in events if e.get("type") in ("turn.failed", "error")]
         text = json.dumps(failed[-1])[:300] if failed else (stderr.strip().splitlines() or [""])[-1][:300]
         if any(s in text.lower() for s in ("stream disconnected", "connection", "error sending request", "429", "500", "503")):

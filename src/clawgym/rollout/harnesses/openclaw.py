@@ -74,7 +74,7 @@ class OpenClaw:
             except json.JSONDecodeError:
                 continue
         if exit_code == 0 and isinstance(result, dict) and result.get("ok"):
-            return Outcome("ok")
+            return Outcome("ok", final_message=result.get("final"))
         if exit_code == 2:
             return Outcome("ok", "OpenClaw's own timeout")  # scored as is
         text = json.dumps(result)[:300] if result else (stderr.strip().splitlines() or [""])[-1][:300]

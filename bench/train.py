@@ -1,0 +1,302 @@
+"""Benchmark tree packing: packed trees vs per-trajectory vs per-call, forward + backward, same model.
+
+For each tree shape the same trainable tokens are scored three ways (plus the packed tree with a
+dense mask, to show what segment attention saves), all batched by the same token-budget planner:
+
+- tree:       each rollout's tree packed into one sequence (clawgym's training path, segment attention)
+- tree-dense: the same packing with a dense [L, L] ancestor mask for SDPA
+- per-traj:   each root-to-leaf path of the (pruned) tree as its own causal sample, shared tokens
+              weighted 1/paths — the baseline of Tree Training, AReaL and prime-rl
+- per-call:   each trainable call's prompt + output as its own causal sample, scoring the output
+
+Shapes (research/perf.md §5): Claude-Code-like (one long chain, two subagents, two retries, a
+compaction after which the agent continues from system prompt + summary), GRPO-like (one long
+prefix, many answers), branchy (a depth-3 binary tree of turns), and an unbranched chain.
+
+Reported: tokens forwarded (exact), attention query-key pairs evaluated, wall time of forward +
+backward (median of --repeats after a warm-up, modes interleaved round by round) with the process
+CPU time beside it (steadier when other jobs share the cores), and activation bytes saved for
+backward by the largest micro-batch (unique storages seen by a saved-tensors hook: deterministic,
+a better CPU memory figure than RSS).
+
+    python bench/train.py            # tiny init-model policy, 1 thread, a few minutes
+    python bench/train.py --small    # smaller trees, under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from clawgym.artifacts import TreeNode
+from clawgym.train.attention import TreePlan
+from clawgym.train.packing import PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches, root_paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic trees (TreeNode rows, as build-trees writes them)
+# ---------------------------------------------------------------------------------------------
+
+
+class TreeMaker:
+    def __init__(self, rid: str, rng: random.Random, vocab: int):
+        self.rid, self.rng, self.vocab, self.nodes, self.end = rid, rng, vocab, [], {}
+
+    def add(self, parent: int, n: int, kind: str, call: str, role: str = "main", kept: bool = True, drop: str = "") -> int:
+        nid = len(self.nodes)
+        depth = 0 if parent < 0 else self.end[parent]
+        toks = [self.rng.randrange(4, self.vocab) for _ in range(n)]
+        lps = [-self.rng.random() for _ in toks] if kind == "model" else []
+        self.nodes.append(TreeNode(self.rid, nid, parent, toks, kind, lps, call, 0, role, kept, depth, drop))
+        self.end[nid] = depth + n
+        return nid
+
+    def r(self, a: int, b: int) -> int:
+        return self.rng.randint(a, b)
+
+
+def claude_code(rid: str, rng: random.Random, vocab: int, s: float) -> list[TreeNode]:
+    """System prompt + tools, a long main chain, 2 subagents, 2 retries, a compaction, then segment 2."""
+    t = TreeMaker(rid, rng, vocab)
+    system = t.add(-1, int(1000 * s), "env", "c0")
+    turns, compact_at = int(40 * s), int(28 * s)
+    x = t.add(system, 80, "env", "c0")  # the user's task
+    for k in range(turns):
+        if k == compact_at:
+            ask = t.add(x, 30, "env", f"compact{k}", "compaction", True, "compaction")
+            t.add(ask, 150, "model", f"compact{k}", "compaction", True, "compaction")
+            x = t.add(system, 200, "env", f"c{k}")  # segment 2: system prompt + the summary
+        if k in (3, int(20 * s)):  # a retried turn: the superseded attempt is a dead leaf
+            t.add(x, t.r(20, 60), "model", f"c{k}-retry", kept=False, drop="dead_leaf")
+        out = t.add(x, t.r(20, 60), "model", f"c{k}")
+        if k in (6, int(18 * s)):  # a subagent: its own system prompt, three calls
+            y = t.add(-1, int(400 * s), "env", f"sub{k}", "subagent", True, "subagent")
+            for j in range(3):
+                y = t.add(y, t.r(30, 60), "model", f"sub{k}.{j}", "subagent", True, "subagent")
+                y = t.add(y, t.r(40, 120), "env", f"sub{k}.{j + 1}", "subagent", True, "subagent")
+        x = t.add(out, t.r(30, 120), "env", f"c{k + 1}")  # tool output
+    return t.nodes
+
+
+def grpo_like(rid: str, rng: random.Random, vocab: int, s: float) -> list[TreeNode]:
+    """One long prefix and many sampled answers."""
+    t = TreeMaker(rid, rng, vocab)
+    p = t.add(-1, int(1024 * s), "env", "c0")
+    for j in range(8):
+        t.add(p, 64, "model", f"c{j}")
+    return t.nodes
+
+
+def branchy(rid: str, rng: random.Random, vocab: int, s: float) -> list[TreeNode]:
+    """A depth-3 binary tree of turns (model 32 + env 32) under a shared prompt: 8 leaves."""
+    t = TreeMaker(rid, rng, vocab)
+    frontier = [t.add(-1, int(256 * s), "env", "c0")]
+    for level in range(3):
+        nxt = []
+        for parent in frontier:
+            for b in range(2):
+                m = t.add(parent, 32, "model", f"c{level}.{parent}.{b}")
+                nxt.append(t.add(m, 32, "env", f"c{level + 1}.{parent}.{b}") if level < 2 else m)
+        frontier = nxt
+    return t.nodes
+
+
+def chain(rid: str, rng: random.Random, vocab: int, s: float) -> list[TreeNode]:
+    """No branching at all: prompt + turns."""
+    t = TreeMaker(rid, rng, vocab)
+    x = t.add(-1, int(256 * s), "env", "c0")
+    for k in range(int(12 * s)):
+        m = t.add(x, 40, "model", f"c{k}")
+        x = t.add(m, 80, "env", f"c{k + 1}")
+    return t.nodes
+
+
+SHAPES = {"claude-code": (claude_code, 1), "grpo-like": (grpo_like, 2), "branchy": (branchy, 2), "chain": (chain, 2)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The three ways to score the same tokens
+# ---------------------------------------------------------------------------------------------
+
+
+def as_chain(tree: PackedTree, path: torch.Tensor, scored: torch.Tensor) -> PackedTree:
+    """A causal sample of the given positions of a packed tree, scoring the positions in `scored`."""
+    n = path.numel()
+    at = {int(p): i for i, p in enumerate(path.tolist())}
+    idx = torch.tensor([at[int(p)] for p in scored.tolist()], dtype=torch.long)
+    return PackedTree(
+        rollout_id=tree.rollout_id, input_ids=tree.input_ids[path], position_ids=torch.arange(n),
+        node_index=torch.zeros(n, dtype=torch.long), node_parent=[-1], node_start=[0],
+        ancestors=torch.ones(1, 1, dtype=torch.bool), pred_pos=idx - 1, label_pos=idx,
+        target_ids=tree.input_ids[scored], trainable=torch.ones(len(idx), dtype=torch.bool),
+        rollout_logprobs=torch.zeros(len(idx)), prev_pos=torch.arange(n) - 1, leaf_ends=[n - 1],
+        path_tokens=n, is_chain=True,
+    )
+
+
+def samples(nodes: list[TreeNode], mode: str) -> tuple[list[PackedTree], list[torch.Tensor]]:
+    """The samples one tree becomes under `mode`, with a loss weight per scored token."""
+    tree = pack_tree(nodes)
+    if mode in ("tree", "tree-dense"):
+        return [tree], [torch.ones(tree.n_trainable)]
+    scored = tree.label_pos[tree.trainable]
+    if mode == "per-traj":
+        paths = root_paths(tree)
+        count = torch.zeros(tree.n_tokens)
+        for p in paths:
+            count[p] += 1
+        out = []
+        for p in paths:
+            s = p[torch.isin(p, scored)]
+            out.append((as_chain(tree, p, s), 1.0 / count[s]))
+        return [o[0] for o in out], [o[1] for o in out]
+    # per-call: each trainable node is one call's output; its prompt is everything above it.
+    starts = tree.node_start + [tree.n_tokens]
+    trainable_pos = set(scored.tolist())
+    out_t, out_w = [], []
+    for i in range(len(tree.node_parent)):
+        own = torch.arange(starts[i], starts[i + 1])
+        own = own[torch.tensor([int(p) in trainable_pos for p in own], dtype=torch.bool)]
+        if own.numel() == 0:
+            continue
+        path, p = [], starts[i + 1] - 1
+        while p >= 0:
+            path.append(p)
+            p = int(tree.prev_pos[p])
+        out_t.append(as_chain(tree, torch.tensor(path[::-1]), own))
+        out_w.append(torch.ones(own.numel()))
+    return out_t, out_w
+
+
+def attention_pairs(mb) -> int:
+    m = mb.attention_mask
+    if m is None:
+        L = mb.input_ids.shape[1]
+        return L * (L + 1) // 2
+    if isinstance(m, TreePlan):
+        return sum((b.q1 - b.q0) * (b.q1 - b.q0 + 1) // 2 if b.mask is None else b.mask.numel() for r in m.rows for b in r)
+    return int(m.shape[0] * m.shape[-1] * m.shape[-2])
+
+
+@dataclass
+class Result:
+    tokens: int
+    pairs: int
+    wall_ms: float
+    cpu_ms: float
+    saved_mib: float
+
+
+class Mode:
+    """One way of scoring a shape's tokens: its micro-batches, ready to run forward + backward."""
+
+    def __init__(self, policy: PackedPolicy, trees: list[PackedTree], weights: list[torch.Tensor], attention: str, budget: int):
+        self.policy = policy
+        plan = plan_microbatches([t.n_tokens for t in trees], budget)
+        self.batches = [(collate(trees, rows, attention=attention), torch.cat([weights[i] for i in rows])) for rows in plan]
+        self.tokens = sum(mb.n_tokens for mb, _ in self.batches)
+        self.pairs = sum(attention_pairs(mb) for mb, _ in self.batches)
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def step(self, record: bool = True) -> None:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for mb, w in self.batches:
+            logp, _ = self.policy(mb)
+            (-(w * logp).sum()).backward()
+        self.policy.zero_grad(set_to_none=True)
+        if record:
+            self.wall.append((time.perf_counter() - t0) * 1000)
+            self.cpu.append((time.process_time() - c0) * 1000)
+
+    def saved_mib(self) -> float:
+        """Activation bytes kept for backward by the largest micro-batch, each storage counted once."""
+        params = {p.untyped_storage().data_ptr() for p in self.policy.parameters()}
+        most = 0
+        for mb, w in self.batches:
+            seen: dict[int, int] = {}
+
+            def pack(x: torch.Tensor):
+                seen.setdefault(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())
+                return x
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+                logp, _ = self.policy(mb)
+                loss = -(w * logp).sum()
+            most = max(most, sum(v for k, v in seen.items() if k not in params))
+            loss.backward()
+        self.policy.zero_grad(set_to_none=True)
+        return most / 2**20
+
+    def result(self) -> Result:
+        return Result(self.tokens, self.pairs, statistics.median(self.wall), statistics.median(self.cpu), self.saved_mib())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--small", action="store_true", help="smaller trees (about a third of the tokens)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budget", type=int, default=8192, help="padded tokens per micro-batch")
+    ap.add_argument("--model", type=Path, default=None, help="policy dir (default: a fresh tiny init-model)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ", ".join(SHAPES))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    model_dir = args.model
+    if model_dir is None:
+        from clawgym.model import init_model
+
+        model_dir = Path(tempfile.mkdtemp()) / "tiny"
+        init_model(model_dir, seed=0, size="tiny")
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    policy = PackedPolicy(lm)
+    vocab = lm.config.vocab_size
+    scale = 0.5 if args.small else 1.0
+
+    table = Table(title=f"forward+backward on {model_dir.name} ({sum(p.numel() for p in lm.parameters()):,} params), "
+                        f"{args.threads} threads, median of {args.repeats}, budget {args.budget}")
+    for col in ("shape", "mode", "tokens", "vs tree", "attn pairs", "wall ms", "cpu ms", "tree speedup (wall)",
+                "tree speedup (cpu)", "saved MiB"):
+        table.add_column(col, justify="left" if col in ("shape", "mode") else "right")
+    console = Console(width=200)
+    for name in args.shapes.split(","):
+        make, n_trees = SHAPES[name]
+        rng = random.Random(0)
+        rollouts = [make(f"{name}{i}", rng, vocab, scale) for i in range(n_trees)]
+        modes = {}
+        for mode in ("tree", "tree-dense", "per-traj", "per-call"):
+            trees, weights = [], []
+            for nodes in rollouts:
+                t, w = samples(nodes, mode)
+                trees += t
+                weights += w
+            modes[mode] = Mode(policy, trees, weights, "dense" if mode == "tree-dense" else "segments", args.budget)
+        # Interleaved rounds, so that load from other processes hits every mode alike.
+        for r in range(1 + args.repeats):
+            for m in modes.values():
+                m.step(record=r > 0)
+        results = {mode: m.result() for mode, m in modes.items()}
+        base = results["tree"]
+        for mode, r in results.items():
+            console.log(f"{name} {mode}: {r}")
+            table.add_row(name, mode, f"{r.tokens:,}", f"{r.tokens / base.tokens:.2f}x", f"{r.pairs / 1e6:.2f}M",
+                          f"{r.wall_ms:.0f}", f"{r.cpu_ms:.0f}", f"{r.wall_ms / base.wall_ms:.2f}x",
+                          f"{r.cpu_ms / base.cpu_ms:.2f}x", f"{r.saved_mib:.0f}")
+        table.add_section()
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Recipes: one TOML file, one section per stage, validated into typed dataclasses.
+
+    [run]      name, dir, steps, seed
+    [model]    path = "models/tiny"   or   init = "tiny" | "small", init_seed = 0
+    [engine]   name = "hf", and engine options
+    [rollout]  tasks, harnesses, n, concurrency, timeout, sandbox, network, judge_url, judge_model
+    [rollout.<harness>]  that harness adapter's options (e.g. [rollout.agentloop] max_tokens = 8)
+    [trees]    max_leaves
+    [train]    any `clawgym train` option (algo, lr, epochs, minibatches, tis, kl_coef, ...)
+    [eval]     every (steps; 0 = never), tasks, n, harnesses
+    [offline]  from_run: train on a finished run's saved trees instead of collecting rollouts
+
+Every key is checked: an unknown section or key, or a value of the wrong type, is a `UserError`
+naming the file, the section and the key. Paths are relative to the recipe's folder. The resolved
+recipe (defaults filled, paths absolute) is saved in the run directory as recipe.toml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clawgym.errors import UserError
+
+
+@dataclass
+class RunSection:
+    name: str = "run"
+    dir: Path | None = None
+    """the run directory; default runs/<name> beside the recipe"""
+    steps: int = 10
+    seed: int = 0
+
+
+@dataclass
+class ModelSection:
+    path: Path | None = None
+    init: str | None = None
+    """make the starting policy with init-model: tiny | small"""
+    init_seed: int = 0
+
+
+@dataclass
+class EngineSection:
+    name: str = "hf"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutSection:
+    tasks: Path | None = None
+    harnesses: list[str] = field(default_factory=lambda: ["agentloop"])
+    n: int = 8
+    concurrency: int = 8
+    timeout: float | None = None
+    sandbox: str = "local"
+    network: str = "auto"
+    judge_url: str | None = None
+    judge_model: str = "judge"
+    harness_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class TreesSection:
+    max_leaves: int = 64
+
+
+@dataclass
+class EvalSection:
+    every: int = 0
+    tasks: Path | None = None
+    n: int = 4
+    harnesses: list[str] = field(default_factory=list)
+    """default: the rollout harnesses"""
+
+
+@dataclass
+class OfflineSection:
+    from_run: Path | None = None
+
+
+@dataclass
+class Recipe:
+    path: Path
+    run: RunSection
+    model: ModelSection
+    engine: EngineSection
+    rollout: RolloutSection
+    trees: TreesSection
+    train: dict[str, Any]
+    """TrainConfig fields (validated against it)"""
+    eval: EvalSection
+    offline: OfflineSection
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.dir or self.path.parent / "runs" / self.run.name
+
+
+_SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, "rollout": RolloutSection,
+             "trees": TreesSection, "eval": EvalSection, "offline": OfflineSection}
+# TrainConfig fields a recipe may not set: the loop fills them per step.
+_TRAIN_FILLED = {"trees", "rollouts", "model", "out", "metrics", "resume", "force"}
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> Any:
+    """Check a TOML value against a dataclass field's annotation; returns it converted (Path, float)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _check_type(value, args[0], where)
+    if annotation is Path:
+        if not isinstance(value, str):
+            raise UserError(f"{where} must be a path string, got {type(value).__name__}")
+        return Path(value)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is Any:
+        return value
+    expected = origin or annotation
+    if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+        raise UserError(f"{where} must be {getattr(expected, '__name__', expected)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset()) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in table.items():
+        if key in extra_ok:
+            continue
+        if key not in known:
+            raise UserError(f"{where}: unknown key '{key}'; known: {', '.join(sorted(known))}")
+        kwargs[key] = _check_type(value, hints[key], f"{where} key '{key}'")
+    return cls(**kwargs)
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    from clawgym.rollout.harnesses import HARNESSES
+    from clawgym.train.loop import TrainConfig
+
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise UserError(f"{path}: no such recipe file")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid TOML ({e})") from None
+    unknown = set(doc) - set(_SECTIONS) - {"train"}
+    if unknown:
+        raise UserError(f"{path}: unknown section [{sorted(unknown)[0]}]; known: {', '.join(sorted([*_SECTIONS, 'train']))}")
+    sections = {}
+    for name, cls in _SECTIONS.items():
+        table = doc.get(name, {})
+        if not isinstance(table, dict):
+            raise UserError(f"{path}: [{name}] must be a table")
+        extra = set(HARNESSES) if name == "rollout" else set()
+        if name == "engine":
+            sections[name] = EngineSection(name=table.get("name", "hf"), options={k: v for k, v in table.items() if k != "name"})
+            continue
+        sections[name] = _section(cls, table, f"{path} [{name}]", extra)
+        if name == "rollout":
+            sections[name].harness_options = {h: table[h] for h in HARNESSES if isinstance(table.get(h), dict)}
+    train = doc.get("train", {})
+    tc_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    hints = typing.get_type_hints(TrainConfig)
+    for key, value in train.items():
+        if key in _TRAIN_FILLED or key not in tc_fields:
+            allowed = sorted(set(tc_fields) - _TRAIN_FILLED)
+            raise UserError(f"{path} [train]: unknown key '{key}'; known: {', '.join(allowed)}")
+        train[key] = _check_type(value, hints[key], f"{path} [train] key '{key}'")
+    recipe = Recipe(path=path, train=train, **sections)
+    _resolve_paths(recipe)
+    _validate(recipe, HARNESSES)
+    return recipe
+
+
+def _resolve_paths(r: Recipe) -> None:
+    base = r.path.parent
+    for obj, attr in ((r.run, "dir"), (r.model, "path"), (r.rollout, "tasks"), (r.eval, "tasks"), (r.offline, "from_run")):
+        value = getattr(obj, attr)
+        if value is not None and not Path(value).is_absolute():
+            setattr(obj, attr, (base / value).resolve())
+
+
+def _validate(r: Recipe, harnesses: dict) -> None:
+    where = str(r.path)
+    if (r.model.path is None) == (r.model.init is None):
+        raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small)")
+    if r.model.path is not None and not (r.model.path / "config.json").exists():
+        raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
+    if r.run.steps < 1:
+        raise UserError(f"{where} [run] key 'steps' must be at least 1, got {r.run.steps}")
+    if r.offline.from_run is None:
+        if r.rollout.tasks is None:
+            raise UserError(f"{where} [rollout]: 'tasks' (a folder of task folders) is required")
+        if not r.rollout.tasks.is_dir():
+            raise UserError(f"{where} [rollout] key 'tasks': {r.rollout.tasks} is not a directory")
+    elif not r.offline.from_run.is_dir():
+        raise UserError(f"{where} [offline] key 'from_run': {r.offline.from_run} is not a run directory")
+    for h in r.rollout.harnesses + r.eval.harnesses:
+        if h not in harnesses:
+            raise UserError(f"{where} [rollout] key 'harnesses': unknown harness '{h}'; choose from: {', '.join(harnesses)}")
+    if not r.rollout.harnesses:
+        raise UserError(f"{where} [rollout] key 'harnesses' must name at least one harness")
+
+
+def recipe_to_toml(r: Recipe) -> str:
+    """The resolved recipe as TOML (defaults filled, paths absolute), saved in the run directory."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, Path):
+            return _quote(str(v))
+        if isinstance(v, str):
+            return _quote(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(type(v))
+
+    lines: list[str] = []
+
+    def table(name: str, items: dict) -> None:
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {value(v)}" for k, v in items.items() if v is not None and not isinstance(v, dict))
+        lines.append("")
+
+    table("run", {**dataclasses.asdict(r.run), "dir": r.run_dir})
+    table("model", dataclasses.asdict(r.model))
+    table("engine", {"name": r.engine.name, **r.engine.options})
+    ro = dataclasses.asdict(r.rollout)
+    harness_options = ro.pop("harness_options")
+    table("rollout", ro)
+    for h, opts in harness_options.items():
+        table(f"rollout.{h}", opts)
+    table("trees", dataclasses.asdict(r.trees))
+    table("train", r.train)
+    table("eval", dataclasses.asdict(r.eval))
+    table("offline", dataclasses.asdict(r.offline))
+    return "\n".join(lines)
+
+
+def _quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

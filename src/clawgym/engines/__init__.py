@@ -1,0 +1,5 @@
+"""Engines the serving proxy samples from: token ids in, sampled ids + logprobs out (see `base`)."""
+
+from clawgym.engines.base import ENGINES, Engine, EngineConfig, EngineError, Generation, Sampling, make_engine
+
+__all__ = ["ENGINES", "Engine", "EngineConfig", "EngineError", "Generation", "Sampling", "make_engine"]

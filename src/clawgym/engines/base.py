@@ -1,0 +1,131 @@
+"""The engine interface: token ids in, sampled token ids + logprobs out; reload weights from a checkpoint.
+
+The serving proxy renders every request into prompt token ids and hands them to an engine; the
+engine never sees text. Engines are looked up by name in `ENGINES` (name -> factory taking an
+`EngineConfig`), so adding one (vllm, remote) is a new module plus one dict entry — no registry,
+no class names in config.
+
+Contract of `generate`:
+- `output_ids` are the sampled ids, ending with the end-of-turn id when the model stopped on its own
+  (finish_reason "stop"), or cut at `max_tokens` ("length");
+- `output_logprobs[i]` is the engine's logprob of `output_ids[i]` under the distribution it sampled
+  from (logits / temperature, before top-p/top-k truncation; temperature 0 counts as 1);
+- failures raise `EngineError`, which the proxy turns into the protocol's "overloaded" answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, runtime_checkable
+
+
+class EngineError(Exception):
+    """The engine could not produce a completion (overloaded, crashed, script exhausted, ...)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters of one request, as the proxy resolved them from the protocol's fields."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 = no top-k truncation"""
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    """ids that end generation (the proxy passes the tokenizer's end-of-turn ids)"""
+
+
+@dataclass
+class Generation:
+    """What the engine sampled for one prompt."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str
+    """stop (an end-of-turn id was sampled) | length (max_tokens reached)"""
+    policy_version: int
+
+
+@dataclass
+class EngineConfig:
+    """Everything a factory may need; engines ignore what they do not use."""
+
+    model_dir: Path
+    options: dict[str, Any] = field(default_factory=dict)
+    """engine-specific settings, e.g. {"script": path} for scripted, {"max_batch": 8} for hf"""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A policy the proxy can sample from. One instance serves every rollout of a proxy."""
+
+    policy_version: int
+    max_context: int
+    """the model's context window in tokens (prompt + output)"""
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling, rollout_id: str = "") -> Generation:
+        """Sample one completion. `rollout_id` lets engines keep rollout-sticky state (scripts, routing)."""
+        ...
+
+    async def reload(self, checkpoint_dir: Path) -> int:
+        """Load new weights; returns the new policy_version (bumped by one)."""
+        ...
+
+    async def close(self) -> None:
+        ...
+
+
+def _hf(config: EngineConfig) -> Engine:
+    from clawgym.engines.hf import HFEngine
+
+    return HFEngine.from_config(config)
+
+
+def _scripted(config: EngineConfig) -> Engine:
+    from clawgym.engines.scripted import ScriptedEngine
+
+    return ScriptedEngine.from_config(config)
+
+
+def _vllm(config: EngineConfig) -> Engine:
+    from clawgym.engines.vllm import VLLMEngine
+
+    return VLLMEngine.from_config(config)
+
+
+def _remote(config: EngineConfig) -> Engine:
+    from clawgym.engines.remote import RemoteEngine
+
+    return RemoteEngine.from_config(config)
+
+
+# Name -> factory. Factories import lazily so that `import clawgym.engines` stays cheap.
+ENGINES: dict[str, Callable[[EngineConfig], Engine]] = {
+    "hf": _hf,
+    "scripted": _scripted,
+    "vllm": _vllm,
+    "remote": _remote,
+}
+
+
+def make_engine(name: str, config: EngineConfig) -> Engine:
+    """Build the engine called `name`; a clear error names the known ones."""
+    from clawgym.errors import UserError
+
+    if name not in ENGINES:
+        raise UserError(f"unknown engine '{name}'; choose one of: {', '.join(sorted(ENGINES))}")
+    return ENGINES[name](config)
+
+
+def context_window(model_dir: Path) -> int:
+    """The model's context window from its config.json (max_position_embeddings), or 32768."""
+    import json
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 32768
+    return int(cfg.get("max_position_embeddings") or 32768)

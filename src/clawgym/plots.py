@@ -1,0 +1,68 @@
+"""Plots of a run (matplotlib PNGs in RUN/plots): reward, eval score, entropy, mismatch — like the paper's Figures 2–4.
+
+Each figure is drawn from metrics.jsonl alone, only for the series the run has, and rewritten after
+every step, so the plots of a running or resumed run are always current.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clawgym import artifacts as A
+
+# figure name -> (title, y label, metric key prefixes or exact keys)
+FIGURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "reward": ("Train reward", "mean reward", ("rollout/reward_mean",)),
+    "eval": ("Evaluation", "Pass@1", ("eval/pass@1",)),
+    "entropy": ("Policy entropy", "nats / token", ("train/entropy",)),
+    "mismatch": ("Rollout–trainer mismatch", "value", ("train/mismatch", "train/tis_clipped_frac")),
+    "loss": ("Loss", "loss", ("train/loss", "train/value_loss")),
+}
+
+
+def _series(lines: list[A.MetricsLine], prefixes: tuple[str, ...]) -> dict[str, tuple[list[int], list[float]]]:
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for m in lines:
+        for key, v in m.values.items():
+            if key.startswith(prefixes) and isinstance(v, (int, float)):
+                xs, ys = out.setdefault(key, ([], []))
+                xs.append(m.step)
+                ys.append(float(v))
+    return out
+
+
+def write_plots(run_dir: str | Path) -> list[Path]:
+    """Write RUN/plots/<figure>.png for every figure with data; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    lines = A.read_metrics(metrics)
+    written = []
+    for name, (title, ylabel, prefixes) in FIGURES.items():
+        series = _series(lines, prefixes)
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        for key, (xs, ys) in sorted(series.items()):
+            ax.plot(xs, ys, marker="o", markersize=3, label=key)
+        ax.set_title(f"{title} — {run_dir.name}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if len(series) > 1 or name in ("reward", "eval"):
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = run_dir / "plots" / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.png")
+        fig.savefig(tmp)
+        plt.close(fig)
+        tmp.replace(path)
+        written.append(path)
+    return written

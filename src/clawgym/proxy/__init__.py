@@ -1,0 +1,32 @@
+"""The serving proxy: Anthropic Messages, OpenAI Chat Completions and Responses in front of an engine,
+with exact token capture, incremental rendering and per-rollout attribution (DESIGN §4).
+
+Entry points: `ProxyConfig` + `ProxyServer` (an aiohttp app), `ProxyThread` (the same on a
+background thread, for tests and in-process runners), `serve` (the CLI's blocking server), and
+`export_calls` (records -> calls.parquet).
+"""
+
+from clawgym.proxy.recorder import export_calls, read_records
+from clawgym.proxy.server import ProxyConfig, ProxyServer, ProxyThread
+
+__all__ = ["ProxyConfig", "ProxyServer", "ProxyThread", "export_calls", "read_records", "serve"]
+
+
+def serve(config: ProxyConfig, *, ready=None) -> None:
+    """Run the proxy until interrupted; `ready(url, admin_token)` is called once it listens."""
+    import asyncio
+
+    async def main() -> None:
+        server = ProxyServer(config)
+        url = await server.start()
+        if ready is not None:
+            ready(url, server.admin_token)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

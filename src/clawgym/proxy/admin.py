@@ -1,0 +1,180 @@
+"""Admin routes (admin token required) and the proxy's Prometheus metrics.
+
+    POST   /admin/rollouts                 {"rollout_id"?, "role"?, "script"?: [...]} -> base URLs + API key
+    GET    /admin/rollouts/{id}            status for settling: calls recorded, in flight, last activity
+    DELETE /admin/rollouts/{id}            forget a finished rollout's render state, close its file
+    POST   /admin/rollouts/{id}/script     {"items": [...]} queue model texts (scripted engine)
+    POST   /admin/reload                   {"checkpoint": DIR} -> new policy_version
+    GET    /admin/health                   engine, policy version, rollouts, in flight
+    GET    /admin/metrics                  Prometheus text format
+
+The admin token travels as `Authorization: Bearer …` or `x-admin-token`. A rollout's API key is
+returned once, at registration, and never logged or recorded.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from clawgym.errors import UserError
+from clawgym.proxy.types import ProtocolError
+
+
+class Metrics:
+    """Counters, gauges and summaries with labels, rendered in the Prometheus text format."""
+
+    def __init__(self) -> None:
+        self.counters: dict[tuple, float] = defaultdict(float)
+        self.gauges: dict[tuple, float] = defaultdict(float)
+        self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+
+    @staticmethod
+    def _key(name: str, labels: dict[str, str]) -> tuple:
+        return (name, tuple(sorted(labels.items())))
+
+    def inc(self, name: str, value: float = 1, **labels: str) -> None:
+        self.counters[self._key(name, labels)] += value
+
+    def gauge_add(self, name: str, value: float, **labels: str) -> None:
+        self.gauges[self._key(name, labels)] += value
+
+    def gauge_set(self, name: str, value: float, **labels: str) -> None:
+        self.gauges[self._key(name, labels)] = value
+
+    def observe(self, name: str, value: float) -> None:
+        s = self.sums[name]
+        s[0] += value
+        s[1] += 1
+
+    def get(self, name: str, **labels: str) -> float:
+        k = self._key(name, labels)
+        return self.counters.get(k, self.gauges.get(k, 0.0))
+
+    def text(self) -> str:
+        lines: list[str] = []
+        for kind, table in (("counter", self.counters), ("gauge", self.gauges)):
+            seen = set()
+            for (name, labels), v in sorted(table.items()):
+                if name not in seen:
+                    lines.append(f"# TYPE {name} {kind}")
+                    seen.add(name)
+                lab = ",".join(f'{k}="{val}"' for k, val in labels)
+                lines.append(f"{name}{{{lab}}} {v:g}" if lab else f"{name} {v:g}")
+        for name, (total, count) in sorted(self.sums.items()):
+            lines += [f"# TYPE {name} summary", f"{name}_sum {total:g}", f"{name}_count {count:g}"]
+        return "\n".join(lines) + "\n"
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _err(status: int, message: str) -> web.Response:
+    return _json({"error": {"message": message}}, status)
+
+
+def add_admin_routes(app: web.Application, server: Any) -> None:
+    """Attach the admin routes of `server` (a ProxyServer) to `app`."""
+
+    def authed(handler):
+        async def wrapped(request: web.Request) -> web.Response:
+            auth = request.headers.get("Authorization", "")
+            token = request.headers.get("x-admin-token") or (auth[7:].strip() if auth[:7].lower() == "bearer " else "")
+            if not token or not hmac.compare_digest(token.encode(), server.admin_token.encode()):
+                return _err(401, "admin token missing or wrong (send Authorization: Bearer <admin token>)")
+            try:
+                return await handler(request)
+            except UserError as e:
+                return _err(400, str(e))
+            except ProtocolError as e:
+                return _err(409 if e.kind == "conflict" else 400, e.message)
+        return wrapped
+
+    async def body(request: web.Request) -> dict:
+        if not request.can_read_body:
+            return {}
+        try:
+            data = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as e:
+            raise UserError(f"request body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise UserError("request body must be a JSON object")
+        return data
+
+    def status(r) -> dict:
+        return {"rollout_id": r.id, "role": r.role, "calls_recorded": server.recorder.count(r.id), "calls_started": r.seq,
+                "in_flight": r.in_flight, "errors": r.errors, "last_activity": r.last_activity,
+                "idle_s": round(time.time() - r.last_activity, 3), "policy_version": server.engine.policy_version}
+
+    async def register(request: web.Request) -> web.Response:
+        data = await body(request)
+        role = data.get("role") or "main"
+        if role not in ("main", "subagent", "compaction", "aux"):
+            raise UserError(f"role must be main, subagent, compaction or aux, got {role!r}")
+        script = data.get("script")
+        if script is not None and not hasattr(server.engine, "push"):
+            raise UserError(f"'script' needs the scripted engine; this proxy runs '{server.config.engine}'")
+        r = server.register(data.get("rollout_id"), role)
+        if script is not None:
+            server.engine.push(r.id, script)
+        base = f"http://{request.host}/r/{r.id}"
+        return _json({"rollout_id": r.id, "base_url": base, "openai_base_url": base + "/v1", "api_key": r.api_key}, 201)
+
+    async def get_status(request: web.Request) -> web.Response:
+        r = server.rollouts.get(request.match_info["id"])
+        return _err(404, f"unknown rollout '{request.match_info['id']}'") if r is None else _json(status(r))
+
+    async def close(request: web.Request) -> web.Response:
+        r = server.rollouts.pop(request.match_info["id"], None)
+        if r is None:
+            return _err(404, f"unknown rollout '{request.match_info['id']}'")
+        server.recorder.close_rollout(r.id)
+        return _json(status(r) | {"closed": True})
+
+    async def push_script(request: web.Request) -> web.Response:
+        rid = request.match_info["id"]
+        if rid not in server.rollouts:
+            return _err(404, f"unknown rollout '{rid}'")
+        if not hasattr(server.engine, "push"):
+            raise UserError(f"scripts need the scripted engine; this proxy runs '{server.config.engine}'")
+        items = (await body(request)).get("items")
+        if not isinstance(items, list):
+            raise UserError("'items' must be a list of texts or {text|error, delay_s} objects")
+        return _json({"rollout_id": rid, "queued": server.engine.push(rid, items)})
+
+    async def reload(request: web.Request) -> web.Response:
+        ckpt = (await body(request)).get("checkpoint")
+        if not isinstance(ckpt, str) or not ckpt:
+            raise UserError("'checkpoint' (a directory) is required")
+        if not Path(ckpt).is_dir():
+            raise UserError(f"checkpoint {ckpt} is not a directory")
+        version = await server.engine.reload(Path(ckpt))
+        server.metrics.gauge_set("clawgym_proxy_policy_version", version)
+        return _json({"policy_version": version})
+
+    async def health(request: web.Request) -> web.Response:
+        return _json({"status": "ok", "engine": server.config.engine, "model": server.model_name,
+                      "policy_version": server.engine.policy_version, "max_context": server.engine.max_context,
+                      "rollouts": len(server.rollouts), "in_flight": sum(r.in_flight for r in server.rollouts.values())})
+
+    async def metrics(request: web.Request) -> web.Response:
+        server.metrics.gauge_set("clawgym_proxy_policy_version", server.engine.policy_version)
+        server.metrics.gauge_set("clawgym_proxy_rollouts", len(server.rollouts))
+        server.metrics.gauge_set("clawgym_proxy_record_bytes", server.recorder.bytes_written)
+        return web.Response(text=server.metrics.text(), content_type="text/plain", charset="utf-8")
+
+    r = app.router
+    r.add_post("/admin/rollouts", authed(register))
+    r.add_get("/admin/rollouts/{id}", authed(get_status))
+    r.add_delete("/admin/rollouts/{id}", authed(close))
+    r.add_post("/admin/rollouts/{id}/script", authed(push_script))
+    r.add_post("/admin/reload", authed(reload))
+    r.add_get("/admin/health", authed(health))
+    r.add_get("/admin/metrics", authed(metrics))

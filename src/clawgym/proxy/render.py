@@ -1,0 +1,282 @@
+"""Rendering with the model's own chat template, incremental per rollout, with token-in-token-out splicing.
+
+The proxy never re-tokenizes what the policy sampled. Per rollout, `RolloutTito` keeps
+
+- every completion it returned, keyed by the assistant message *as the harness will echo it* in a
+  canonical form (text with all whitespace removed; tool calls as name + JSON arguments with sorted
+  keys; ids and thinking ignored, since harnesses rewrite or drop them), with its sampled ids;
+- a node per rendered request, keyed by a hash chain over the request's canonical messages (plus
+  the tools), holding that prompt's token ids (nodes share one growing id list per conversation).
+
+Rendering a request (DESIGN §4):
+1. every assistant message that matches a stored completion is replaced by a sentinel before the
+   template runs, so the template renders everything around it exactly as usual;
+2. the text is cut at the sentinels: each assistant body (from the template's assistant header
+   to its end-of-turn marker) becomes the completion's sampled ids preceded by the generation
+   prompt the model was actually shown (Qwen3 with thinking off adds an empty think block there
+   that rendered history drops), and each stretch of text between bodies is tokenized on its own,
+   so BPE never merges across a boundary that sampled ids fix (exact-history mode);
+3. incremental path: find the longest earlier request this one extends (a node); render only a
+   window — the system message, the node's last message, and the new messages — and take the
+   part after the window's own rendering of its context. If the window's rendering of the context
+   is not a prefix of its full rendering (a template that is not prefix-stable), or no node
+   matches (first call, history rewritten by compaction), render the whole request (counted).
+
+A later prompt therefore extends an earlier prompt plus its sampled output token for token
+whenever the harness appended to the conversation. `audit=True` also renders fully and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from clawgym.proxy.types import Message, ToolCall, ToolSpec
+
+_SENT = re.compile("\ue000(\\d+)\ue001")
+_WS = re.compile(r"\s+")
+
+
+def _nows(s: str) -> str:
+    return _WS.sub("", s)
+
+
+def _canon_args(a: Any) -> Any:
+    if isinstance(a, str):
+        try:
+            a = orjson.loads(a)
+        except orjson.JSONDecodeError:
+            return _nows(a)
+    return orjson.dumps(a, option=orjson.OPT_SORT_KEYS).decode() if isinstance(a, (dict, list)) else _nows(str(a))
+
+
+def assistant_key(text: str, calls: list[ToolCall]) -> bytes:
+    """Canonical form of an assistant turn: what survives any harness's re-serialization."""
+    return orjson.dumps(["assistant", _nows(text), [[c.qualified_name, _canon_args(c.arguments)] for c in calls]])
+
+
+def message_key(m: Message) -> bytes:
+    if m.role == "assistant":
+        return assistant_key(m.content, m.tool_calls)
+    return orjson.dumps([m.role, m.content])  # exact text: the prompt must show what the harness sent
+
+
+@dataclass
+class Completion:
+    call_id: str
+    output_ids: list[int]
+    ends_turn: bool
+    """the last sampled id is an end-of-turn id (else the template's end-of-turn is tokenized after it)"""
+
+
+@dataclass
+class _Node:
+    chain: list[int]
+    length: int
+    call_id: str
+
+
+@dataclass
+class RenderPlan:
+    """A rendered prompt, not yet attached to the rollout (the proxy may still refuse the call)."""
+
+    prompt_ids: list[int]
+    mode: str
+    """incremental | full"""
+    spliced: int
+    """assistant turns whose sampled ids were spliced in"""
+    unmatched: int
+    """assistant turns rendered from their text (no stored completion matched)"""
+    base_call: str | None
+    base_len: int
+    fallback: bool
+    """a full render although the rollout already had conversations (history rewritten, or no prefix-stable window)"""
+    audit_mismatch: bool = False
+    _hashes: list[bytes] = field(default_factory=list, repr=False)
+    _node: _Node | None = field(default=None, repr=False)
+
+
+class Renderer:
+    """The model's chat template + tokenizer, with the few strings TITO needs found once."""
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+        self._encode = tokenizer.backend_tokenizer.encode
+        self.eos_text = tokenizer.eos_token
+        stops = {tokenizer.eos_token_id}
+        for extra in ("<|endoftext|>", "<|im_end|>"):
+            tid = tokenizer.convert_tokens_to_ids(extra)
+            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+                stops.add(tid)
+        self.stop_ids = tuple(sorted(s for s in stops if s is not None))
+        probe = [{"role": "user", "content": "x"}]
+        with_gen, without = self.text(probe, [], True), self.text(probe, [], False)
+        self.gen_prompt = with_gen[len(without):] if with_gen.startswith(without) else ""
+        # The header the template writes before every assistant turn in history. The generation
+        # prompt may say more (Qwen3 without thinking adds an empty <think></think> block that the
+        # history never shows); before a spliced turn the prompt gets what the model was shown.
+        g = self.gen_prompt
+        self.header = g[: g.index("\n") + 1] if "\n" in g else g
+
+    def text(self, messages: list[dict], tools: list[dict], gen: bool) -> str:
+        return self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=gen)
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text, add_special_tokens=False).ids if text else []
+
+    def split(self, text: str, comps: dict[int, Completion], start: int = 0) -> tuple[list[int], list[tuple[str, Any]]]:
+        """Token ids of `text[start:]`: env text tokenized per stretch, sentinels replaced by sampled ids."""
+        ids: list[int] = []
+        segs: list[tuple[str, Any]] = []
+        pos, g, hdr = start, self.gen_prompt, self.header
+        for m in _SENT.finditer(text, start):
+            comp = comps[int(m.group(1))]
+            hs = text.rfind(hdr, max(0, pos - len(hdr)), m.start()) if hdr else -1
+            if hs < 0:  # a template without a recognizable header: splice right at the content
+                env = text[pos:m.start()]
+            elif hs < pos:  # the header closes the part already emitted (the incremental tail's start)
+                env = ""
+            else:  # the template's rendering of the turn's start -> the generation prompt the model saw
+                env = text[pos:hs] + g
+            ids += self.encode(env)
+            ids += comp.output_ids
+            segs += [("env", env), ("model", comp)]
+            e = text.find(self.eos_text, m.end())
+            pos = m.end() if e < 0 else (e + len(self.eos_text) if comp.ends_turn else e)
+        env = text[pos:]
+        ids += self.encode(env)
+        segs.append(("env", env))
+        return ids, segs
+
+
+class RolloutTito:
+    """One rollout's completions and rendered conversations; see the module docstring."""
+
+    def __init__(self, renderer: Renderer, audit: bool = False):
+        self.r = renderer
+        self.audit = audit
+        self.completions: dict[bytes, Completion] = {}
+        self.by_call: dict[str, Completion] = {}
+        self.nodes: dict[bytes, _Node] = {}
+        self.last: tuple[_Node, str] | None = None
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _prep(self, messages: list[Message]) -> tuple[list[dict], dict[int, Completion]]:
+        dicts, comps = [], {}
+        for i, m in enumerate(messages):
+            comp = None
+            if m.role == "assistant":
+                comp = self.completions.get(message_key(m))
+                if comp is None and m.tool_calls:  # the harness dropped or rewrote the text around its calls
+                    comp = self.completions.get(assistant_key("\0", m.tool_calls))
+            if comp is None:
+                dicts.append(m.template_dict())
+            else:
+                comps[i] = comp
+                dicts.append({"role": "assistant", "content": f"\ue000{i}\ue001"})
+        return dicts, comps
+
+    def render(self, messages: list[Message], tools: list[ToolSpec]) -> RenderPlan:
+        tools_d = [t.template_dict() for t in tools]
+        h = hashlib.blake2b(orjson.dumps(tools_d, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        hashes = []
+        for m in messages:
+            h = hashlib.blake2b(h + message_key(m), digest_size=16).digest()
+            hashes.append(h)
+        dicts, comps = self._prep(messages)
+        n_assist = sum(1 for m in messages if m.role == "assistant")
+        k, node = next(((k, self.nodes[hashes[k - 1]]) for k in range(len(messages), 0, -1) if hashes[k - 1] in self.nodes),
+                       (0, None))
+        plan = None
+        if node is not None and k == len(messages):  # an identical request (a retry): same prompt
+            plan = RenderPlan(node.chain[: node.length], "incremental", 0, 0, node.call_id, node.length, False)
+        elif node is not None:
+            plan = self._incremental(messages, dicts, comps, tools_d, k, node)
+        # A full render once the rollout has a conversation means the harness rewrote history
+        # (compaction, a stripped turn) or the template was not prefix-stable over the window.
+        fallback = plan is None and bool(self.nodes)
+        audit_mismatch = False
+        if plan is not None and self.audit and self._full(dicts, comps, tools_d) != plan.prompt_ids:
+            plan, fallback, audit_mismatch = None, True, True
+        if plan is None:
+            ids = self._full(dicts, comps, tools_d)
+            base, blen = self._lcp_base(ids)
+            plan = RenderPlan(ids, "full", len(comps), n_assist - len(comps), base, blen, fallback)
+        plan.audit_mismatch = audit_mismatch
+        plan._hashes, plan._node = hashes, node if plan.mode == "incremental" else None
+        return plan
+
+    def count(self, messages: list[Message], tools: list[ToolSpec]) -> int:
+        """Prompt length of a request, rendered fully; the rollout's state is left untouched."""
+        dicts, comps = self._prep(messages)
+        return len(self._full(dicts, comps, [t.template_dict() for t in tools]))
+
+    def _full(self, dicts: list[dict], comps: dict[int, Completion], tools_d: list[dict]) -> list[int]:
+        return self.r.split(self.r.text(dicts, tools_d, True), comps)[0]
+
+    def _incremental(self, messages, dicts, comps, tools_d, k: int, node: _Node) -> RenderPlan | None:
+        ctx = ([0] if messages[0].role == "system" and k - 1 > 0 else []) + [k - 1]
+        window = [dicts[i] for i in ctx]
+        head = self.r.text(window, tools_d, True)
+        text = self.r.text(window + dicts[k:], tools_d, True)
+        g, hdr = self.r.gen_prompt, self.r.header
+        if text.startswith(head):
+            start = len(head)
+        elif k in comps and g and head.endswith(g) and text.startswith(head[: len(head) - len(g)] + hdr):
+            start = len(head) - len(g) + len(hdr)  # history shows a bare header where the prompt had more
+        else:
+            return None
+        win_comps = {i: comps[i] for i in comps if i >= k}
+        tail, segs = self.r.split(text, win_comps, start=start)
+        prompt = node.chain[: node.length] + tail
+        first_model = next((s[1] for s in segs if s[0] == "model"), None)
+        base_len = node.length
+        if segs and segs[0] == ("env", "") and first_model is not None and first_model.call_id == node.call_id:
+            base_len += len(first_model.output_ids)
+        n_assist = sum(1 for m in messages[k:] if m.role == "assistant")
+        return RenderPlan(prompt, "incremental", len(win_comps), n_assist - len(win_comps), node.call_id, base_len, False)
+
+    def _lcp_base(self, ids: list[int]) -> tuple[str | None, int]:
+        """Full render: delta-encode against the rollout's latest call when they share a prefix."""
+        if self.last is None:
+            return None, 0
+        node, call_id = self.last
+        comp = self.by_call.get(call_id)
+        seq = node.chain[: node.length] + (comp.output_ids if comp else [])
+        n = min(len(seq), len(ids))
+        if n == 0:
+            return None, 0
+        a, b = np.asarray(seq[:n]), np.asarray(ids[:n])
+        diff = np.flatnonzero(a != b)
+        lcp = int(diff[0]) if diff.size else n
+        return (call_id, lcp) if lcp >= 16 else (None, 0)
+
+    # -- state updates -------------------------------------------------------------------------
+
+    def commit(self, plan: RenderPlan, call_id: str) -> None:
+        """Attach an accepted call's prompt to the rollout, so later requests can extend it."""
+        if not plan._hashes:
+            return
+        node = plan._node
+        prompt = plan.prompt_ids
+        if node is not None and node.length == len(node.chain):
+            node.chain.extend(prompt[node.length:])  # extend the conversation's id list in place
+            new = _Node(node.chain, len(node.chain), call_id)
+        else:
+            new = _Node(list(prompt), len(prompt), call_id)
+        self.nodes[plan._hashes[-1]] = new
+        self.last = (new, call_id)
+
+    def add_completion(self, call_id: str, text: str, calls: list[ToolCall], output_ids: list[int]) -> None:
+        """Remember what the model sampled, keyed by how the harness will echo the turn."""
+        comp = Completion(call_id, list(output_ids), bool(output_ids) and output_ids[-1] in self.r.stop_ids)
+        self.completions[assistant_key(text, calls)] = comp
+        if calls:
+            self.completions[assistant_key("\0", calls)] = comp  # tool calls alone identify a turn too
+        self.by_call[call_id] = comp

@@ -1,0 +1,460 @@
+"""The serving proxy: an aiohttp app that answers harnesses with the policy and records every call.
+
+Routes (each rollout has its own base URL and API key, DESIGN §4):
+
+    POST /r/{rollout}/v1/messages              Anthropic Messages (also ?beta=true)
+    POST /r/{rollout}/v1/messages/count_tokens
+    POST /r/{rollout}/v1/chat/completions      OpenAI Chat Completions
+    POST /r/{rollout}/v1/responses             OpenAI Responses (store:false, no server state)
+    GET  /r/{rollout}/v1/models
+    /admin/...                                 see `admin.py` (admin token)
+
+A model call: find the rollout (404) → check its key (401, nothing recorded) → read the body
+(413) → parse (400) → render with TITO (`render.py`) → refuse a prompt longer than the window
+(400, the protocol's "prompt too long") → generate → parse the turn once → answer (JSON, or SSE
+with the opening event at once and pings while the engine works) → record (fsync) → no longer in
+flight. Engine failures answer "overloaded" (529 / 503, or an error event mid-stream) and are
+recorded as failed attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jinja2
+import orjson
+from aiohttp import web
+
+from clawgym.artifacts import CallRecord
+from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling, make_engine
+from clawgym.proxy import anthropic, openai_chat, openai_responses
+from clawgym.proxy.admin import Metrics
+from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
+from clawgym.proxy.render import Renderer, RolloutTito
+from clawgym.proxy.toolparse import PARSERS
+from clawgym.proxy.types import ChatRequest, ProtocolError, Turn, new_id
+
+log = logging.getLogger("clawgym.proxy")
+
+
+@dataclass
+class ProxyConfig:
+    model_dir: Path
+    engine: str = "hf"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    records_dir: Path = Path("records")
+    admin_token: str | None = None
+    """None: a random token is made (ProxyServer.admin_token)"""
+    api_key: str | None = None
+    """a static key that any rollout id may use; unknown rollouts are then registered on first use"""
+    max_body_bytes: int = 64 << 20
+    ping_interval_s: float = 5.0
+    max_context: int | None = None
+    """override the model's window (e.g. the scripted engine serving huge harness prompts)"""
+    default_max_tokens: int = 4096
+    tool_parser: str = "hermes"
+    audit_render: bool = False
+    """also render every request fully and compare with the incremental result (tests, debugging)"""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Rollout:
+    id: str
+    api_key: str
+    tito: RolloutTito
+    role: str = "main"
+    seq: int = 0
+    in_flight: int = 0
+    errors: int = 0
+    created: float = field(default_factory=time.time)
+    last_activity: float = field(default_factory=time.time)
+
+
+class ProxyServer:
+    def __init__(self, config: ProxyConfig, engine: Engine | None = None):
+        from transformers import AutoTokenizer
+
+        self.config = config
+        if config.tool_parser not in PARSERS:
+            from clawgym.errors import UserError
+
+            raise UserError(f"unknown tool parser '{config.tool_parser}'; choose one of: {', '.join(PARSERS)}")
+        self.parser = PARSERS[config.tool_parser]
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        self.renderer = Renderer(self.tokenizer)
+        opts = dict(config.engine_options)
+        if config.max_context:
+            opts.setdefault("max_context", config.max_context)
+        self.engine = engine or make_engine(config.engine, EngineConfig(Path(config.model_dir), opts))
+        self.recorder = Recorder(config.records_dir)
+        self.admin_token = config.admin_token or secrets.token_urlsafe(24)
+        self.rollouts: dict[str, Rollout] = {}
+        self.metrics = Metrics()
+        self.model_name = Path(config.model_dir).name
+        self._tasks: set[asyncio.Task] = set()
+        self._runner: web.AppRunner | None = None
+        self.port = config.port
+
+    # -- rollouts ------------------------------------------------------------------------------
+
+    def register(self, rollout_id: str | None = None, role: str = "main", api_key: str | None = None) -> Rollout:
+        rid = check_rollout_id(rollout_id or new_id("r"))
+        if rid in self.rollouts:
+            raise ProtocolError("conflict", f"rollout '{rid}' is already registered")
+        r = Rollout(rid, api_key or "sk-cg-" + secrets.token_urlsafe(24), RolloutTito(self.renderer, self.config.audit_render), role)
+        self.rollouts[rid] = r
+        return r
+
+    def _rollout(self, request: web.Request) -> Rollout:
+        rid = request.match_info["rollout"]
+        r = self.rollouts.get(rid)
+        key = _request_key(request)
+        if r is None and self.config.api_key and key and hmac.compare_digest(key.encode(), self.config.api_key.encode()) \
+                and ROLLOUT_ID.match(rid):
+            return self.register(rid, api_key=self.config.api_key)
+        if r is None:
+            raise ProtocolError("not_found", f"unknown rollout '{rid}': register it with the admin API first")
+        if not key or not hmac.compare_digest(key.encode(), r.api_key.encode()):
+            raise ProtocolError("authentication", "invalid API key for this rollout (send it as x-api-key or Authorization: Bearer)")
+        return r
+
+    # -- app -----------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        from clawgym.proxy.admin import add_admin_routes
+
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        r = app.router
+
+        def route(proto: ModuleType):
+            async def handler(request: web.Request) -> web.StreamResponse:
+                return await self._model_call(request, proto)
+            return handler
+
+        r.add_post("/r/{rollout}/v1/messages", route(anthropic))
+        r.add_post("/r/{rollout}/v1/messages/count_tokens", self._count_tokens)
+        r.add_post("/r/{rollout}/v1/chat/completions", route(openai_chat))
+        r.add_post("/r/{rollout}/v1/responses", route(openai_responses))
+        r.add_get("/r/{rollout}/v1/models", self._models)
+        add_admin_routes(app, self)
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # the real port when 0 was asked
+        return f"http://{self.config.host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # stop accepting; running handlers finish (and spawn records)
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)  # every record on disk
+        await self.engine.close()
+        self.recorder.close()
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    async def _read_json(self, request: web.Request) -> Any:
+        if request.content_length is not None and request.content_length > self.config.max_body_bytes:
+            raise ProtocolError("too_large", f"request body of {request.content_length} bytes exceeds the "
+                                             f"{self.config.max_body_bytes}-byte limit")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ProtocolError("too_large", f"request body exceeds the {self.config.max_body_bytes}-byte limit") from None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ProtocolError("invalid_request", f"request body is not valid JSON: {e}") from None
+
+    def _error(self, proto: ModuleType, e: ProtocolError, refused: bool = True) -> web.Response:
+        status, body = proto.error(e.kind, e.message, e.param)
+        if refused:
+            self.metrics.inc("clawgym_proxy_refused_total", protocol=proto.PROTOCOL, kind=e.kind)
+        return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        proto = anthropic if "anthropic-version" in request.headers else openai_chat
+        try:
+            self._rollout(request)
+        except ProtocolError as e:
+            return self._error(proto, e)
+        if proto is anthropic:
+            body = {"data": [{"type": "model", "id": self.model_name, "display_name": self.model_name,
+                              "created_at": "1970-01-01T00:00:00Z"}], "has_more": False,
+                    "first_id": self.model_name, "last_id": self.model_name}
+        else:
+            body = {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "clawgym"}]}
+        return web.json_response(body)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        try:
+            rollout = self._rollout(request)
+            req = anthropic.parse(await self._read_json(request), count_only=True)
+        except ProtocolError as e:
+            return self._error(anthropic, e)
+        return web.json_response(anthropic.count_tokens_response(rollout.tito.count(req.messages, req.tools)))
+
+    async def _model_call(self, request: web.Request, proto: ModuleType) -> web.StreamResponse:
+        started = time.time()
+        try:
+            rollout = self._rollout(request)
+            req: ChatRequest = proto.parse(await self._read_json(request))
+            try:
+                plan = rollout.tito.render(req.messages, req.tools)
+            except jinja2.TemplateError as e:  # e.g. a template that insists on alternating roles
+                raise ProtocolError("invalid_request", f"the model's chat template rejected the conversation: {e}") from None
+            window = self.engine.max_context
+            if len(plan.prompt_ids) >= window:
+                raise proto.context_error(len(plan.prompt_ids), window)
+        except ProtocolError as e:
+            return self._error(proto, e)
+        self.metrics.inc("clawgym_proxy_render_total", mode=plan.mode)
+        if plan.fallback:
+            self.metrics.inc("clawgym_proxy_render_fallback_total")
+        if plan.audit_mismatch:
+            self.metrics.inc("clawgym_proxy_render_audit_mismatch_total")
+        self.metrics.inc("clawgym_proxy_tito_spliced_turns_total", plan.spliced)
+        self.metrics.inc("clawgym_proxy_tito_unmatched_turns_total", plan.unmatched)
+        call_id, seq = new_id("call-"), rollout.seq
+        rollout.seq += 1
+        rollout.in_flight += 1
+        rollout.last_activity = started
+        rollout.tito.commit(plan, call_id)
+        self.metrics.gauge_add("clawgym_proxy_in_flight", 1)
+        n_prompt = len(plan.prompt_ids)
+        max_new = min(req.max_tokens or self.config.default_max_tokens, window - n_prompt)
+        sampling = Sampling(max_tokens=max_new, temperature=1.0 if req.temperature is None else req.temperature,
+                            top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, seed=req.seed,
+                            stop_token_ids=self.renderer.stop_ids)
+        call = _Call(rollout, req, proto, call_id, seq, started, plan, sampling)
+        try:
+            if req.stream:
+                return await self._stream(request, call)
+            return await self._json(call)
+        finally:
+            self._spawn(self._finish(call))
+
+    async def _generate(self, call: "_Call") -> Turn:
+        gen: Generation = await self.engine.generate(call.plan.prompt_ids, call.sampling, call.rollout.id)
+        ids = list(gen.output_ids)
+        while ids and ids[-1] in self.renderer.stop_ids:
+            ids.pop()
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        hit = _stop_cut(self.tokenizer, ids, text, call.req.stop) if call.req.stop else None
+        if hit is not None:  # engines sample to the end of turn; stop strings are applied here, once
+            keep, text, stop = hit
+            gen = Generation(gen.output_ids[:keep], gen.output_logprobs[:keep], "stop", gen.policy_version)
+        call.gen = gen
+        parsed = self.parser.parse(text)
+        finish = "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
+        turn = Turn(parsed.text, parsed.tool_calls, parsed.reasoning, finish, len(call.plan.prompt_ids), len(gen.output_ids),
+                    gen.output_logprobs, gen.output_ids, stop_sequence=hit[2] if hit else None)
+        call.proto.assign_ids(turn)
+        # Before the harness can see the answer: its next request must find these sampled ids.
+        call.rollout.tito.add_completion(call.call_id, turn.text, turn.tool_calls, gen.output_ids)
+        call.turn = turn
+        return turn
+
+    async def _json(self, call: "_Call") -> web.Response:
+        try:
+            turn = await self._generate(call)
+        except Exception as e:
+            call.fail(e)
+            return self._error(call.proto, ProtocolError(call.error_kind, call.error), refused=False)
+        body = call.proto.response(turn, call.req, call.resp_id)
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def _stream(self, request: web.Request, call: "_Call") -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+        stream = call.proto.Stream(call.req, call.resp_id, len(call.plan.prompt_ids))
+        try:
+            await resp.prepare(request)
+            await resp.write(stream.start())
+            task = asyncio.ensure_future(self._generate(call))
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.ping_interval_s)
+                if done:
+                    break
+                await resp.write(stream.ping())
+            try:
+                turn = task.result()
+            except Exception as e:
+                call.fail(e)
+                await resp.write(stream.error(call.error_kind, call.error))
+            else:
+                await resp.write(stream.finish(turn))
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError) as e:
+            if call.status == "ok":
+                call.status, call.error = "cancelled", f"client went away ({type(e).__name__})"
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        return resp
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, call: "_Call") -> None:
+        """Record the call (fsync'd), then it stops counting as in flight."""
+        r, plan, gen = call.rollout, call.plan, call.gen
+        if gen is None and call.status == "ok":
+            call.status, call.error = "cancelled", "the request ended before the engine answered"
+        prompt = plan.prompt_ids[plan.base_len:] if plan.base_call else plan.prompt_ids
+        rec = CallRecord(
+            rollout_id=r.id, call_id=call.call_id, seq=call.seq, protocol=call.proto.PROTOCOL, model=call.req.model,
+            started_at=call.started, finished_at=time.time(), prompt_ids=prompt,
+            output_ids=list(gen.output_ids) if gen else [], output_logprobs=list(gen.output_logprobs) if gen else [],
+            finish_reason=call.turn.finish_reason if call.turn else ("error" if gen is None else gen.finish_reason),
+            policy_version=gen.policy_version if gen else self.engine.policy_version,
+            prompt_base_call=plan.base_call, prompt_base_len=plan.base_len if plan.base_call else 0, role=r.role,
+            status=call.status, error=call.error, stream=call.req.stream, tool_names=[t.qualified_name for t in call.req.tools],
+            system_hash=call.req.system_hash(), sampling_json=call.req.sampling_json(), render_mode=plan.mode,
+        )
+        try:
+            await self.recorder.record(rec)
+        except Exception:
+            log.exception("could not write the record of call %s (rollout %s)", call.call_id, r.id)
+        finally:
+            r.in_flight -= 1
+            r.last_activity = time.time()
+            if call.status != "ok":
+                r.errors += 1
+            self.metrics.gauge_add("clawgym_proxy_in_flight", -1)
+            self.metrics.inc("clawgym_proxy_calls_total", protocol=call.proto.PROTOCOL, status=call.status)
+            self.metrics.inc("clawgym_proxy_prompt_tokens_total", len(plan.prompt_ids))
+            self.metrics.inc("clawgym_proxy_output_tokens_total", len(rec.output_ids))
+            self.metrics.observe("clawgym_proxy_call_seconds", rec.finished_at - rec.started_at)
+
+
+@dataclass
+class _Call:
+    rollout: Rollout
+    req: ChatRequest
+    proto: ModuleType
+    call_id: str
+    seq: int
+    started: float
+    plan: Any
+    sampling: Sampling
+    resp_id: str = field(default_factory=lambda: new_id("msg_"))
+    gen: Generation | None = None
+    turn: Turn | None = None
+    status: str = "ok"
+    error: str = ""
+    error_kind: str = "overloaded"
+
+    def fail(self, e: Exception) -> None:
+        self.status = "engine_error"
+        self.error = str(e) or type(e).__name__
+        if not isinstance(e, EngineError):
+            log.exception("engine crashed on call %s", self.call_id, exc_info=e)
+            self.error_kind, self.error = "internal", f"engine crashed: {type(e).__name__}: {e}"
+
+
+def _stop_cut(tokenizer: Any, ids: list[int], text: str, stops: list[str]) -> tuple[int, str, str] | None:
+    """Where the first stop string ends the turn: (ids to keep, text before it, the stop string).
+
+    The kept ids are the shortest prefix whose text contains the stop string (as vLLM keeps the
+    token that completed it), so the record holds exactly the tokens the harness was answered with.
+    """
+    found = [(text.find(s), s) for s in stops if s and s in text]
+    if not found:
+        return None
+    pos, stop = min(found)
+    lo, hi = 1, len(ids)
+    while lo < hi:  # decoded length grows with the prefix: binary search the first prefix past the stop
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=False)) >= pos + len(stop):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, text[:pos], stop
+
+
+def _request_key(request: web.Request) -> str | None:
+    key = request.headers.get("x-api-key")
+    if key:
+        return key
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else None
+
+
+class ProxyThread:
+    """Run a ProxyServer on its own event loop in a background thread (tests, in-process runners).
+
+        with ProxyThread(config) as proxy:
+            rollout = proxy.register("r1")   # -> {"rollout_id", "base_url", "openai_base_url", "api_key"}
+    """
+
+    def __init__(self, config: ProxyConfig, engine: Engine | None = None):
+        self.config, self._engine = config, engine
+        self.server: ProxyServer | None = None
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-proxy", daemon=True)
+
+    def __enter__(self) -> "ProxyThread":
+        self._thread.start()
+        self.server = self.call(self._make())
+        self.url = self.call(self.server.start())
+        return self
+
+    async def _make(self) -> ProxyServer:
+        return ProxyServer(self.config, self._engine)
+
+    def call(self, coro, timeout: float = 120) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def register(self, rollout_id: str | None = None, role: str = "main", script: list | None = None) -> dict:
+        """Register through the admin HTTP route, exactly as an out-of-process runner would."""
+        body = {"rollout_id": rollout_id, "role": role} | ({"script": script} if script is not None else {})
+        return self.admin("POST", "/admin/rollouts", body)
+
+    def admin(self, method: str, path: str, body: dict | None = None) -> dict:
+        """Call an admin route; returns the JSON answer (raises urllib.error.HTTPError on 4xx/5xx)."""
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.url}{path}", data=orjson.dumps(body) if body is not None else None, method=method,
+                                     headers={"Authorization": f"Bearer {self.server.admin_token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return orjson.loads(resp.read())
+
+    def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.02) -> dict:
+        """Wait until the rollout has nothing in flight and its record count held across `checks` polls (paper §3.4)."""
+        deadline, last, same = time.time() + timeout, None, 0
+        while time.time() < deadline:
+            st = self.admin("GET", f"/admin/rollouts/{rollout_id}")
+            key = (st["calls_recorded"], st["calls_started"])
+            same = same + 1 if st["in_flight"] == 0 and key == last else 0
+            if same >= checks:
+                return st
+            last = key
+            time.sleep(interval)
+        raise TimeoutError(f"rollout {rollout_id} did not settle within {timeout}s")
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.server is not None:
+                self.call(self.server.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)

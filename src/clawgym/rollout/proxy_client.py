@@ -1,0 +1,110 @@
+"""The rollout runner's view of the serving proxy: register, settle, close rollouts and collect their calls.
+
+The runner talks to the proxy only through its admin HTTP routes (admin token), whether the proxy
+runs in this process (`start_local_proxy`, records under the run's output folder) or elsewhere on
+this machine (`ProxyClient.connect`, with the folder the proxy records into). Settling follows the
+paper (§3.4): a rollout is settled when no call of it is in flight and its record count is
+unchanged across several checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlparse
+
+import orjson
+
+from clawgym import artifacts as A
+from clawgym.errors import UserError
+
+
+class ProxyUnavailable(Exception):
+    """The proxy did not answer or refused an admin call; the rollout is an infra_error."""
+
+
+class ProxyClient:
+    def __init__(self, url: str, admin_token: str, records: Path):
+        self.url, self.admin_token, self.records = url.rstrip("/"), admin_token, Path(records)
+        port = urlparse(self.url).port
+        if port is None:
+            raise UserError(f"proxy URL {url} must name a port, e.g. http://127.0.0.1:8000")
+        self.port = port
+
+    @classmethod
+    @contextlib.contextmanager
+    def connect(cls, config) -> Iterator["ProxyClient"]:
+        if not config.proxy_url or not config.admin_token or not config.records:
+            raise UserError("give --model DIR (a proxy in this process), or --proxy URL with --admin-token and --records DIR")
+        client = cls(config.proxy_url, config.admin_token, config.records)
+        client.admin("GET", "/admin/health")
+        yield client
+
+    def admin(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> dict:
+        req = urllib.request.Request(self.url + path, method=method, data=orjson.dumps(body) if body is not None else None,
+                                     headers={"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return orjson.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            detail = e.read()[:300].decode("utf-8", "replace")
+            raise ProxyUnavailable(f"proxy admin {method} {path}: HTTP {e.code} {detail}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ProxyUnavailable(f"proxy at {self.url} unreachable: {e}") from None
+
+    def register(self, rollout_id: str) -> dict:
+        return self.admin("POST", "/admin/rollouts", {"rollout_id": rollout_id})
+
+    def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict:
+        deadline, last, same, st = time.monotonic() + timeout, None, 0, {}
+        while time.monotonic() < deadline:
+            st = self.admin("GET", f"/admin/rollouts/{rollout_id}")
+            key = (st["calls_recorded"], st["calls_started"])
+            same = same + 1 if st["in_flight"] == 0 and key == last else 0
+            if same >= checks:
+                return st
+            last = key
+            time.sleep(interval)
+        raise ProxyUnavailable(f"rollout {rollout_id} did not settle within {timeout:.0f} s (last status {st})")
+
+    def close_rollout(self, rollout_id: str) -> None:
+        try:
+            self.admin("DELETE", f"/admin/rollouts/{rollout_id}")
+        except ProxyUnavailable:
+            pass  # already closed, or the proxy is gone: nothing more will be recorded either way
+
+    def discard_records(self, rollout_id: str) -> None:
+        """Drop what an unfinished earlier attempt of this rollout recorded, so it reruns cleanly."""
+        (self.records / f"{rollout_id}.jsonl").unlink(missing_ok=True)
+
+    def collect_calls(self, rollout_ids: list[str], copy_to: Path | None = None) -> list[A.CallRecord]:
+        """The settled records of these rollouts; with `copy_to`, their raw JSONL is kept there too."""
+        import shutil
+
+        from clawgym.proxy.recorder import read_records
+
+        calls: list[A.CallRecord] = []
+        for rid in rollout_ids:
+            path = self.records / f"{rid}.jsonl"
+            if path.exists():
+                calls += read_records(path)
+                if copy_to is not None and copy_to.resolve() != self.records.resolve():
+                    copy_to.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, copy_to / path.name)
+        return calls
+
+
+@contextlib.contextmanager
+def start_local_proxy(config, out: Path) -> Iterator[ProxyClient]:
+    """A proxy serving `config.model` on a free loopback port for the length of the run."""
+    from clawgym.proxy.server import ProxyConfig, ProxyThread
+
+    records = Path(out) / "records"
+    pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, port=0, records_dir=records,
+                     engine_options=dict(config.engine_options))
+    with ProxyThread(pc) as thread:
+        yield ProxyClient(thread.url, thread.server.admin_token, records)

@@ -1,0 +1,313 @@
+"""The rollout runner: tasks × harnesses × n samples, each in its own sandbox against the proxy.
+
+One rollout, read top to bottom (`_run_one`):
+
+1. register the rollout with the proxy → its own base URL and API key;
+2. open a sandbox seeded with the task's workspace, reaching the proxy (and nothing else);
+3. launch the harness with the task's instruction; wait for it to exit or for the wall-clock
+   timeout (the sandbox kills the whole process group);
+4. settle: wait until the proxy has no call of this rollout in flight and its record count holds;
+5. copy the hidden tests in and run the verifier on the final workspace;
+6. append the rollout's row to `results.jsonl` (fsync'd), close the rollout and the sandbox.
+
+Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
+`harness_error` (scored as is: a crash is the policy's outcome too); a sandbox, proxy or start
+failure is `infra_error` with a null reward, excluded from training. One rollout's failure never
+stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
+`--out` skips rollouts already in `results.jsonl`, so a killed run resumes without losing or
+duplicating a rollout; a rollout that had not finished is run again from scratch.
+
+At the end the runner writes `rollouts.parquet` and `calls.parquet` (prompts delta-encoded as
+recorded, each call's role classified by its harness adapter) plus `rollout.config.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from clawgym import artifacts as A
+from clawgym.errors import UserError
+from clawgym.rollout.harnesses import HARNESSES, Endpoint, Harness
+from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable, start_local_proxy
+from clawgym.rollout.sandbox import ProxyEndpoint, SandboxConfig, SandboxError, open_sandbox
+from clawgym.rollout.verifier import VerifierConfig, verify
+from clawgym.tasks import Task, load_tasks
+
+
+@dataclass
+class RolloutConfig:
+    """Everything one `clawgym rollout` call needs; saved as rollout.config.json beside the output."""
+
+    tasks: Path
+    harnesses: list[str]
+    out: Path
+    n: int = 1
+    concurrency: int = 4
+    model: Path | None = None
+    """start a proxy in process serving this model (else use `proxy_url`)"""
+    engine: str = "hf"
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    proxy_url: str | None = None
+    admin_token: str | None = None
+    records: Path | None = None
+    """where an external proxy writes its records (it must be on this machine's filesystem)"""
+    timeout_s: float | None = None
+    """wall-clock limit per rollout; default: each task's [agent] timeout_sec"""
+    sandbox: str = "local"
+    network: str = "auto"
+    step: int = 0
+    policy_version: int = 0
+    settle_timeout_s: float = 30.0
+    harness_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """constructor arguments per harness name, e.g. {"agentloop": {"max_turns": 4}}"""
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    task_filter: list[str] = field(default_factory=list)
+    """only these task ids (default: all)"""
+
+
+@dataclass
+class RolloutSummary:
+    out: Path
+    rollouts: list[A.RolloutRecord]
+    n_calls: int
+    wall_time_s: float
+
+    @property
+    def mean_reward(self) -> float | None:
+        rewards = [r.reward for r in self.rollouts if r.reward is not None]
+        return statistics.fmean(rewards) if rewards else None
+
+    def status_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rollouts:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    task: Task
+    harness: str
+    sample_index: int
+
+    step: int = 0
+
+    @property
+    def rollout_id(self) -> str:
+        # the step keeps ids unique across a run's steps, which share one proxy
+        prefix = f"s{self.step:04d}." if self.step else ""
+        return f"{prefix}{self.task.id}.{self.harness}.{self.sample_index}"
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.task.id}/{self.harness}"
+
+
+def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
+    unknown = [h for h in config.harnesses if h not in HARNESSES]
+    if unknown:
+        raise UserError(f"unknown harness '{unknown[0]}'; choose from: {', '.join(HARNESSES)}")
+    if config.n < 1 or config.concurrency < 1:
+        raise UserError(f"--n and --concurrency must be at least 1 (got {config.n}, {config.concurrency})")
+    harnesses = {}
+    for name in config.harnesses:
+        try:
+            harnesses[name] = HARNESSES[name](**config.harness_options.get(name, {}))
+        except TypeError as e:
+            raise UserError(f"bad options for harness '{name}': {e}") from None
+        if (why := harnesses[name].missing()) is not None:
+            raise UserError(why)
+    tasks = load_tasks(config.tasks)
+    if config.task_filter:
+        tasks = [t for t in tasks if t.id in set(config.task_filter)]
+    if not tasks:
+        raise UserError(f"no tasks found in {config.tasks}")
+    return tasks, harnesses
+
+
+def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: ProxyClient | None = None) -> RolloutSummary:
+    """Run every planned rollout (see the module docstring); `proxy` reuses a running proxy."""
+    console = console or Console(stderr=True)
+    tasks, harnesses = _load(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    A.write_config(out / "rollout.config.json", config)
+    results_path = out / "results.jsonl"
+    done = {r["rollout_id"]: r for r in A.read_jsonl(results_path).records} if results_path.exists() else {}
+    plans = [_Plan(t, h, i, config.step) for t in tasks for h in config.harnesses for i in range(config.n)]
+    todo = [p for p in plans if p.rollout_id not in done]
+    t0 = time.monotonic()
+
+    if proxy is not None:
+        context = contextlib.nullcontext(proxy)
+    else:
+        context = start_local_proxy(config, out) if config.model else ProxyClient.connect(config)
+    with context as proxy:
+        for p in todo:  # a rollout that did not finish last time starts from scratch
+            proxy.discard_records(p.rollout_id)
+        results = A.JsonlWriter(results_path)
+        state = _Progress(console, len(plans), len(done))
+        open_sandboxes: dict[str, Any] = {}
+        lock = threading.Lock()
+
+        def one(plan: _Plan) -> dict:
+            rec = _run_one(plan, harnesses[plan.harness], proxy, config, open_sandboxes, state)
+            with lock:
+                results.append(rec)
+            state.finished(rec)
+            return rec
+
+        pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="rollout")
+        try:
+            with state.live():
+                futures = [pool.submit(one, p) for p in todo]
+                for f in as_completed(futures):
+                    done[f.result()["rollout_id"]] = f.result()
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: closing sandboxes, keeping finished rollouts[/]")
+            pool.shutdown(wait=False, cancel_futures=True)
+            for sb in list(open_sandboxes.values()):
+                sb.close()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            results.close()
+        rollouts = [A.rows_from_dicts([done[p.rollout_id]], A.RolloutRecord, results_path)[0] for p in plans if p.rollout_id in done]
+        calls = proxy.collect_calls([r.rollout_id for r in rollouts], copy_to=out / "records")
+    calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, config.model)
+    A.write_table(out / "calls.parquet", calls, A.CallRecord)
+    A.write_table(out / "rollouts.parquet", rollouts, A.RolloutRecord)
+    return RolloutSummary(out, rollouts, len(calls), time.monotonic() - t0)
+
+
+def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: RolloutConfig,
+             open_sandboxes: dict, state: "_Progress") -> dict:
+    task, rid = plan.task, plan.rollout_id
+    rec = A.RolloutRecord(rollout_id=rid, task_id=task.id, harness=plan.harness, group_id=plan.group_id,
+                          sample_index=plan.sample_index, status="infra_error", reward=None, n_calls=0, wall_time_s=0.0,
+                          policy_version=config.policy_version, category=task.category, step=config.step)
+    t0 = time.monotonic()
+    sb = None
+    state.started()
+    try:
+        # 1. register with the proxy
+        reg = proxy.register(rid)
+        endpoint = Endpoint(base_url=f"http://127.0.0.1:{proxy.port}/r/{rid}", api_key=reg["api_key"])
+        # 2. a fresh sandbox seeded from the task's workspace
+        sb_config = SandboxConfig(network=config.network, proxy=ProxyEndpoint(proxy.port), hide=[Path(config.tasks).resolve()])
+        sb = open_sandbox(config.sandbox, task.workspace_dir, sb_config, sandbox_id=rid.replace("/", "_"))
+        open_sandboxes[rid] = sb
+        # 3. the harness, until it exits or the clock runs out
+        launch = harness.launch(task.instruction, Path(sb.path_inside(sb.workspace)), Path(sb.path_inside(sb.home)), endpoint)
+        for rel, text in launch.files.items():
+            path = Path(sb.home) / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        timeout = config.timeout_s or task.agent_timeout_s
+        run = sb.run(launch.argv, env=launch.env, timeout=timeout, name="harness")
+        # 4. settle the proxy's records of this rollout
+        status = proxy.settle(rid, timeout=config.settle_timeout_s)
+        rec.n_calls = status["calls_recorded"]
+        final = None
+        if run.timed_out:
+            rec.status, rec.error = "timeout", f"killed after {timeout:.0f} s"
+        else:
+            outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
+            rec.status, rec.error, final = outcome.status, outcome.message, outcome.final_message
+        blocked = sb.blocked_attempts()
+        if blocked:
+            rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
+        # 5. score the final workspace (an infra error is excluded, so it is not scored)
+        if rec.status != "infra_error":
+            result = verify(task, sb, final_message=final, config=config.verifier)
+            rec = result.apply(rec)
+            if result.error:
+                rec.error = (rec.error + "; " if rec.error else "") + result.error
+    except (SandboxError, ProxyUnavailable, OSError) as e:
+        rec.status, rec.reward, rec.error = "infra_error", None, f"{type(e).__name__}: {e}"
+    except Exception as e:  # one rollout's bug never stops the others; it is excluded and reported
+        rec.status, rec.reward, rec.error = "infra_error", None, f"{type(e).__name__}: {e}"
+    finally:
+        if sb is not None:
+            open_sandboxes.pop(rid, None)
+            sb.close()
+        proxy.close_rollout(rid)
+    if rec.status == "infra_error":
+        rec.reward = None
+    rec.wall_time_s = time.monotonic() - t0
+    return dataclasses.asdict(rec)
+
+
+def _classify(calls: list[A.CallRecord], harness_of: dict[str, Harness], model: Path | None) -> list[A.CallRecord]:
+    """Each call's role as its harness adapter reads it (main, subagent, compaction, aux)."""
+    tokenizer = None
+    if model is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    full = {(c.rollout_id, c.call_id): c for c in A.materialize_prompts(calls)} if tokenizer is not None else {}
+    out, main_tools = [], {}
+    for c in sorted(calls, key=lambda c: (c.rollout_id, c.seq)):
+        h = harness_of.get(c.rollout_id)
+        if h is None:
+            out.append(c)
+            continue
+        main_tools.setdefault(c.rollout_id, list(c.tool_names))
+        text = last_user_text(tokenizer, full[(c.rollout_id, c.call_id)].prompt_ids) if tokenizer is not None else ""
+        out.append(dataclasses.replace(c, role=h.classify(list(c.tool_names), text, main_tools[c.rollout_id])))
+    return out
+
+
+def last_user_text(tokenizer, prompt_ids: list[int], window: int = 4096) -> str:
+    """The text of the last user turn of a ChatML prompt (Qwen3/Hermes templates), or ''."""
+    text = tokenizer.decode(prompt_ids[-window:], skip_special_tokens=False)
+    start = text.rfind("<|im_start|>user\n")
+    if start < 0:
+        return ""
+    body = text[start + len("<|im_start|>user\n"):]
+    return body.split("<|im_end|>", 1)[0]
+
+
+class _Progress:
+    """Live counts: done, running, failed, mean reward."""
+
+    def __init__(self, console: Console, total: int, already: int):
+        self.total, self.done, self.running, self.failed, self.rewards = total, already, 0, 0, []
+        self._lock = threading.Lock()
+        self.progress = Progress(TextColumn("[bold]rollouts"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False)
+        self.bar = self.progress.add_task("", total=total, completed=already)
+
+    def live(self):
+        return self.progress
+
+    def _update(self) -> None:
+        mean = f"{statistics.fmean(self.rewards):.3f}" if self.rewards else "-"
+        self.progress.update(self.bar, completed=self.done,
+                             description=f"running {self.running}  failed {self.failed}  mean reward {mean}")
+
+    def started(self) -> None:
+        with self._lock:
+            self.running += 1
+            self._update()
+
+    def finished(self, rec: dict) -> None:
+        with self._lock:
+            self.running -= 1
+            self.done += 1
+            if rec["status"] in ("infra_error", "harness_error"):
+                self.failed += 1
+            if rec["reward"] is not None:
+                self.rewards.append(rec["reward"])
+            self._update()

@@ -1,0 +1,1 @@
+"""The `train` stage: GRPO, PPO and SFT over packed prefix trees (see loop.py)."""

@@ -1,0 +1,364 @@
+"""`clawgym train`: GRPO, PPO or SFT over packed prefix trees, in one function read top to bottom.
+
+    clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
+
+Phases (numbered in `train`): load trees and rollouts → choose rollouts and their signal → pack
+each tree into one sequence → models and optimizers (or resume) → logp_old / logp_ref / values
+from the same packed forward, no grad → [PPO] value warm-up and A_t = R − V(s_t) → epochs ×
+minibatches of clipped updates with gradient accumulation over token-budget micro-batches →
+metrics per update (train.jsonl) → an HF checkpoint per epoch, the last one complete.
+
+Paper §2.3, §3.2.3–3.2.4 and DESIGN §7. The math lives in `losses.py`, the packing in
+`packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
+CUDA runs bf16 autocast with FlexAttention block masks. accelerate places the models and wraps
+them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
+the batch is not yet sharded across processes, so each process trains on the whole batch — correct
+but not faster. Only the single-process CPU path is tested here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import torch
+
+from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, RolloutRecord, TreeNode, read_jsonl, read_table
+from clawgym.errors import UserError
+from clawgym.train import checkpoint as ckpt
+from clawgym.train import losses as L
+from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, group_nodes, pack_tree, plan_microbatches
+from clawgym.train.value import VALUE_DIR, load_value_model
+
+ALGOS = ("grpo", "ppo", "sft")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one `train` call needs; written next to the checkpoint as train_config.json."""
+
+    trees: Path
+    """trees.parquet of the step (DESIGN §3)"""
+    rollouts: Path
+    """rollouts.parquet of the step: rewards, groups, status"""
+    model: Path
+    """policy checkpoint to start from (HF dir); its optimizer.pt and value/ are reused if present"""
+    out: Path
+    """checkpoint directory to write (HF format + trainer state)"""
+    algo: str = "grpo"
+    """grpo | ppo | sft"""
+    metrics: Path | None = None
+    """train.jsonl; default: beside trees.parquet"""
+    lr: float = 1e-5
+    epochs: int = 1
+    """passes over the batch; logp_old stays the policy's before the first update"""
+    minibatches: int = 1
+    """optimizer steps per epoch; the batch's rollouts are split evenly"""
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    tis: str = "token"
+    """truncated importance sampling against the engine's logprobs: token | sequence | off"""
+    tis_cap: float = 2.0
+    kl_coef: float = 0.0
+    """β of the k3 KL to --ref-model"""
+    ref_model: Path | None = None
+    aggregation: str = "token-mean"
+    """token-mean | rollout-mean"""
+    adv_eps: float = 1e-6
+    max_grad_norm: float = 1.0
+    token_budget: int = 8192
+    """padded tokens per micro-batch (rows × longest row); a longer tree goes alone"""
+    attention: str = "auto"
+    """auto (flex on CUDA, segments on CPU) | segments | dense | flex: how packed trees attend (attention.py)"""
+    value_lr: float = 1e-5
+    value_warmup_steps: int = 0
+    """PPO: value-only updates over the batch before the policy moves"""
+    min_reward: float = 1.0
+    """SFT: train on rollouts whose reward is at least this"""
+    seed: int = 0
+    resume: bool = False
+    """continue an interrupted call from the epoch checkpoint in --out"""
+    force: bool = False
+    """overwrite a complete checkpoint in --out"""
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    updates: int
+    rollouts: int
+    trainable_tokens: int
+    last: dict[str, float]
+
+
+def _check(cfg: TrainConfig) -> None:
+    if cfg.algo not in ALGOS:
+        raise UserError(f"--algo must be one of {', '.join(ALGOS)}, got {cfg.algo!r}")
+    if cfg.tis not in L.TIS_MODES:
+        raise UserError(f"--tis must be one of {', '.join(L.TIS_MODES)}, got {cfg.tis!r}")
+    if cfg.aggregation not in L.AGGREGATIONS:
+        raise UserError(f"--aggregation must be one of {', '.join(L.AGGREGATIONS)}, got {cfg.aggregation!r}")
+    if cfg.attention not in ("auto", *ATTENTIONS):
+        raise UserError(f"--attention must be one of auto, {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
+    if cfg.attention == "flex" and not torch.cuda.is_available():
+        raise UserError("--attention flex needs CUDA; use segments or dense on CPU")
+    for name in ("epochs", "minibatches", "token_budget"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.kl_coef > 0 and cfg.ref_model is None:
+        raise UserError("--kl-coef > 0 needs --ref-model (the policy to stay close to)")
+    if not (Path(cfg.model) / "config.json").exists():
+        raise UserError(f"{cfg.model}: not a model directory (no config.json)")
+
+
+def _cat(per_tree, rows: list[int]) -> torch.Tensor:
+    """Per-tree token tensors of the given trees, in row order: [T_rows]."""
+    return torch.cat([per_tree[i] for i in rows])
+
+
+def _seq_index(trees: list[PackedTree], rows: list[int]) -> torch.Tensor:
+    """[T_rows] long: which of the given trees (0..len(rows)-1) each scored token belongs to."""
+    return torch.cat([torch.full((trees[i].n_trainable,), j) for j, i in enumerate(rows)])
+
+
+def _token_weights(trees: list[PackedTree], rows: list[int], mode: str) -> dict[int, torch.Tensor]:
+    """Aggregation weights over a whole minibatch, split back per tree (so micro-batches sum exactly)."""
+    w = L.aggregation_weights(_seq_index(trees, rows), mode)
+    return dict(zip(rows, w.split([trees[i].n_trainable for i in rows])))
+
+
+def _score_all(module, trees: list[PackedTree], budget: int, attention: str, accelerator) -> list[torch.Tensor]:
+    """One no-grad pass of `module` over all packed trees; its [T] output split back per tree.
+
+    Same packing, micro-batches and autocast as the update, so logp_old matches the first update's logp.
+    """
+    out: list[torch.Tensor] = [torch.empty(0)] * len(trees)
+    with torch.no_grad(), accelerator.autocast():
+        for rows in plan_microbatches([t.n_tokens for t in trees], budget):
+            res = module(collate(trees, rows, attention=attention).to(accelerator.device))
+            res = res[0] if isinstance(res, tuple) else res
+            for i, part in zip(rows, res.float().cpu().split([trees[i].n_trainable for i in rows])):
+                out[i] = part
+    return out
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    _check(cfg)
+    out = Path(cfg.out)
+    ckpt.recover(out)
+    prior = ckpt.load_state(out) if out.exists() else None
+    if prior is not None and prior.complete and cfg.resume and not cfg.force:
+        # A resumed run (`clawgym run` after a kill) finds this step already trained: nothing to redo.
+        print(f"{out}: already complete ({prior.updates_done} updates); nothing to resume")
+        return TrainResult(out, prior.updates_done, len(prior.rollout_ids), 0, {})
+    if prior is not None and prior.complete and not cfg.force:
+        raise UserError(f"{out}: already holds a complete checkpoint; pass --force to overwrite it")
+    if out.exists() and any(out.iterdir()) and prior is None and not cfg.force:
+        raise UserError(f"{out}: exists and is not a clawgym checkpoint; choose an empty --out or pass --force")
+    resuming = cfg.resume and prior is not None and not prior.complete
+    if prior is not None and not prior.complete and not cfg.resume and not cfg.force:
+        raise UserError(f"{out}: holds an interrupted train call; pass --resume to continue it or --force to restart")
+    torch.manual_seed(cfg.seed)
+
+    # 1) Load the step's trees and rollouts.
+    rollouts = {r.rollout_id: r for r in read_table(cfg.rollouts, RolloutRecord)}
+    by_rollout = group_nodes(read_table(cfg.trees, TreeNode))
+    missing = sorted(set(by_rollout) - set(rollouts))
+    if missing:
+        raise UserError(f"{cfg.trees}: rollout {missing[0]!r} has no row in {cfg.rollouts}")
+    if not any(n.trainable for nodes in by_rollout.values() for n in nodes):
+        raise UserError(f"{cfg.trees}: no trainable tokens (no kept model node of role main)")
+
+    # 2) Choose rollouts and their signal: GRPO advantages per group, PPO returns, SFT reward filter.
+    ids = [rid for rid in by_rollout if rollouts[rid].trainable and any(n.trainable for n in by_rollout[rid])]
+    rewards = torch.tensor([float(rollouts[rid].reward) for rid in ids], dtype=torch.float64)  # [R]
+    groups = sorted({rollouts[rid].group_id for rid in ids})
+    n_zero_var_groups = 0
+    if cfg.algo == "grpo":
+        gidx = torch.tensor([groups.index(rollouts[rid].group_id) for rid in ids], dtype=torch.long)
+        adv, zero = L.grpo_advantages(rewards, gidx, cfg.adv_eps) if ids else (rewards, rewards.bool())
+        n_zero_var_groups = len({int(g) for g, z in zip(gidx, zero) if z})
+        signal = {rid: float(a) for rid, a, z in zip(ids, adv, zero) if not z}
+    elif cfg.algo == "ppo":
+        signal = {rid: float(r) for rid, r in zip(ids, rewards)}
+    else:
+        signal = {rid: float(r) for rid, r in zip(ids, rewards) if r >= cfg.min_reward}
+    chosen = [rid for rid in ids if rid in signal]
+    if resuming and prior.rollout_ids != chosen:
+        raise UserError(f"{out}: was written for another batch of rollouts; it cannot be resumed with {cfg.trees}")
+
+    # 3) Pack each chosen rollout's tree into one sequence (trainable nodes and their ancestors only).
+    try:
+        trees = [pack_tree(by_rollout[rid]) for rid in chosen]
+    except UserError as e:
+        raise UserError(f"{cfg.trees}: {e}") from None
+    T_total = sum(t.n_trainable for t in trees)
+    print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
+          f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
+          f"{n_zero_var_groups}/{len(groups)} zero-variance groups")
+
+    # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
+    cuda = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
+    attention = cfg.attention if cfg.attention != "auto" else ("flex" if cuda else "segments")
+    attn = "flex_attention" if attention == "flex" else "sdpa"
+    src = out if resuming else Path(cfg.model)
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(src, attn_implementation=attn, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{src}: cannot load the policy ({e})") from None
+    policy = PackedPolicy(lm)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
+    ckpt.load_optimizer(optimizer, src / ckpt.OPTIMIZER_FILE)
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    value = value_opt = None
+    if cfg.algo == "ppo":
+        value, _fresh = load_value_model(src, attn)
+        value_opt = torch.optim.AdamW(value.parameters(), lr=cfg.value_lr, weight_decay=0.0)
+        ckpt.load_optimizer(value_opt, src / VALUE_DIR / ckpt.OPTIMIZER_FILE)
+        value, value_opt = accelerator.prepare(value, value_opt)
+    dev = accelerator.device
+    metrics_path = Path(cfg.metrics) if cfg.metrics else Path(cfg.trees).parent / "train.jsonl"
+
+    def save(epochs_done: int, updates_done: int, batch: dict) -> None:
+        state = ckpt.TrainerState(cfg.algo, cfg.epochs, epochs_done, updates_done, epochs_done == cfg.epochs, chosen)
+        ckpt.save_checkpoint(out, lm=accelerator.unwrap_model(policy).lm, tokenizer_dir=src, optimizer=optimizer,
+                             state=state, config=cfg, value=accelerator.unwrap_model(value) if value is not None else None,
+                             value_optimizer=value_opt, batch_state=batch)
+
+    if not trees:
+        # Nothing to learn this step (all groups zero-variance, or no rollout above --min-reward):
+        # the policy is written unchanged so the loop can go on, and the metrics say why.
+        save(cfg.epochs, 0, {})
+        with JsonlWriter(metrics_path) as w:
+            w.append(MetricsLine(0, {"train/rollouts": 0.0, "train/zero_var_groups": float(n_zero_var_groups),
+                                     "train/groups": float(len(groups))}, time.time()).to_json())
+        print(f"nothing to learn: wrote the unchanged policy to {out}")
+        return TrainResult(out, 0, 0, 0, {})
+
+    # 5) logp_old (and logp_ref, V_old) from the same packed forward before any update.
+    budget = cfg.token_budget
+    if resuming:
+        batch = ckpt.load_batch_state(out)
+    else:
+        batch = {"logp_old": _score_all(policy, trees, budget, attention, accelerator)}
+        if cfg.kl_coef > 0:
+            ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32)).to(dev)
+            batch["logp_ref"] = _score_all(ref, trees, budget, attention, accelerator)
+            del ref
+    logp_old, logp_ref = batch["logp_old"], batch.get("logp_ref")
+    logp_rollout = [t.rollout_logprobs[t.trainable] for t in trees]  # trainable tokens only are scored
+    returns = [torch.full((t.n_trainable,), signal[t.rollout_id], dtype=torch.float32) for t in trees]
+
+    # 6) [PPO] Fit a fresh value model first, then A_t = R − V(s_t); GRPO/SFT broadcast per rollout.
+    warmup_losses: list[float] = []
+    if value is not None and not resuming:
+        for _ in range(cfg.value_warmup_steps):
+            warmup_losses.append(_value_step(value, value_opt, accelerator, trees, list(range(len(trees))), returns, cfg, attention, dev))
+        batch["values"] = _score_all(value, trees, budget, attention, accelerator)
+    advantages = ([L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)] if value is not None else returns)
+
+    if resuming and metrics_path.exists():
+        # Lines written after the checkpoint we resume from would be repeated: drop them.
+        kept = [r for r in read_jsonl(metrics_path).records if r.get("train/update", 0) <= prior.updates_done]
+        atomic_write_bytes(metrics_path, b"".join(orjson.dumps(r) + b"\n" for r in kept))
+
+    # 7) Epochs × minibatches of clipped updates; each minibatch is one optimizer step, accumulated
+    #    over micro-batches with weights that make the sum a token-mean (or rollout-mean) of the minibatch.
+    writer = JsonlWriter(metrics_path)
+    update = prior.updates_done if resuming else 0
+    last: dict[str, float] = {}
+    for epoch in range(prior.epochs_done if resuming else 0, cfg.epochs):
+        order = torch.randperm(len(trees), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
+        n_mb = min(cfg.minibatches, len(trees))
+        for mb_rows in [order[k::n_mb] for k in range(n_mb)]:
+            t0 = time.perf_counter()
+            weights = _token_weights(trees, mb_rows, cfg.aggregation)
+            sums = {k: 0.0 for k in ("loss", "pg_loss", "kl_ref", "clip_frac", "tis_clip_frac", "entropy",
+                                      "mismatch_abs", "mismatch_k3", "value_loss", "value_mean", "adv_mean")}
+            seq_ratios, tokens_fwd = [], 0
+            for rows in plan_microbatches([trees[i].n_tokens for i in mb_rows], budget):
+                rows = [mb_rows[r] for r in rows]
+                mb = collate(trees, rows, attention=attention).to(dev)
+                tokens_fwd += mb.n_tokens
+                w, old, roll = _cat(weights, rows).to(dev), _cat(logp_old, rows).to(dev), _cat(logp_rollout, rows).to(dev)
+                adv = _cat(advantages, rows).to(dev)
+                local_seq = _seq_index(trees, rows).to(dev)
+                with accelerator.autocast():
+                    logp, ent = policy(mb, with_entropy=True)
+                if cfg.algo == "sft":  # cross-entropy on the kept main-role model tokens
+                    per_tok, kl = -logp, None
+                    clipped = tis_trunc = torch.zeros_like(logp, dtype=torch.bool)
+                else:
+                    pg, clipped = L.clipped_surrogate(logp, old, adv, cfg.clip_low, cfg.clip_high)
+                    tis_w, tis_trunc = L.tis_weights(old, roll, local_seq, cfg.tis, cfg.tis_cap)
+                    per_tok = tis_w * pg
+                    kl = L.k3_kl(logp, _cat(logp_ref, rows).to(dev)) if logp_ref is not None else None
+                    if kl is not None:
+                        per_tok = per_tok + cfg.kl_coef * kl
+                    sums["pg_loss"] += float((w * pg).detach().sum())
+                loss = (w * per_tok).sum()
+                accelerator.backward(loss)
+                # Metrics: each a weighted mean over the minibatch's trainable tokens.
+                lr_ = (old - roll).detach()
+                for k, v in (("loss", loss), ("clip_frac", clipped.float()), ("tis_clip_frac", tis_trunc.float()),
+                             ("entropy", ent), ("mismatch_abs", lr_.abs()), ("mismatch_k3", L.k3_kl(roll, old)),
+                             ("adv_mean", adv), ("kl_ref", kl)):
+                    if v is not None:
+                        sums[k] += float(v.detach().sum()) if k == "loss" else float((w * v.detach()).sum())
+                seq_ratios += [float(x) for x in torch.zeros(len(rows), device=dev).index_add_(0, local_seq, lr_).exp()]
+            grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if value is not None:
+                sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, mb_rows, returns, cfg, attention, dev, weights)
+                sums["value_mean"] = float(sum((weights[i] * batch["values"][i]).sum() for i in mb_rows))
+            update += 1
+            dt = time.perf_counter() - t0
+            # 8) One metrics line per update.
+            vals = {f"train/{k}": v for k, v in sums.items()
+                    if not (k.startswith("value") and value is None) and not (k == "kl_ref" and logp_ref is None)}
+            vals.update({
+                "train/update": float(update), "train/epoch": float(epoch), "train/lr": cfg.lr,
+                "train/grad_norm": grad_norm, "train/tokens_forwarded": float(tokens_fwd),
+                "train/tokens_per_s": tokens_fwd / dt if dt > 0 else math.inf,
+                "train/tree_token_ratio": sum(trees[i].n_tokens for i in mb_rows) / sum(trees[i].path_tokens for i in mb_rows),
+                "train/trainable_tokens": float(sum(trees[i].n_trainable for i in mb_rows)),
+                "train/rollouts": float(len(mb_rows)), "train/groups": float(len(groups)),
+                "train/zero_var_groups": float(n_zero_var_groups),
+                "train/tis_seq_ratio": sum(seq_ratios) / len(seq_ratios),
+            })
+            if warmup_losses:
+                vals["train/value_warmup_loss_first"], vals["train/value_warmup_loss_last"] = warmup_losses[0], warmup_losses[-1]
+            writer.append(MetricsLine(update, vals, time.time()).to_json())
+            last = vals
+            print(f"update {update} | loss {vals['train/loss']:.4f} | clip {vals['train/clip_frac']:.3f} | "
+                  f"entropy {vals['train/entropy']:.3f} | grad {grad_norm:.3f} | {vals['train/tokens_per_s']:.0f} tok/s")
+        # 9) Checkpoint after every epoch (atomic); the last one is marked complete.
+        save(epoch + 1, update, batch)
+    writer.close()
+    return TrainResult(out, update, len(trees), T_total, last)
+
+
+def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights=None) -> float:
+    """One value-model optimizer step on the given trees: masked ½(V − R)², token- or rollout-mean."""
+    weights = weights or _token_weights(trees, rows_all, cfg.aggregation)
+    total = 0.0
+    for rows in plan_microbatches([trees[i].n_tokens for i in rows_all], cfg.token_budget):
+        rows = [rows_all[r] for r in rows]
+        mb = collate(trees, rows, attention=attention).to(dev)
+        with accelerator.autocast():
+            v = value(mb)
+        loss = (_cat(weights, rows).to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()
+        accelerator.backward(loss)
+        total += float(loss.detach())
+    accelerator.clip_grad_norm_(value.parameters(), cfg.max_grad_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return total

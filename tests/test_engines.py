@@ -1,0 +1,135 @@
+"""Engines: the scripted engine's queues and tokenization, the hf engine's batching, logprobs and reload."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from clawgym.engines import ENGINES, EngineConfig, EngineError, Sampling, make_engine
+from clawgym.engines.hf import HFEngine
+from clawgym.engines.scripted import ScriptedEngine, load_script
+from clawgym.errors import UserError
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_engine_table_and_unknown_name(tiny_model):
+    assert {"hf", "scripted"} <= set(ENGINES)
+    with pytest.raises(UserError, match="unknown engine 'vlm'.*hf.*scripted"):
+        make_engine("vlm", EngineConfig(tiny_model))
+
+
+def test_scripted_tokenizes_with_real_tokenizer(tiny_model, tiny_tokenizer):
+    eng = ScriptedEngine(tiny_model, {"r1": load_items(["Hello <tool_call>x</tool_call>"])})
+    g = run(eng.generate([1, 2, 3], Sampling(max_tokens=100), "r1"))
+    assert g.output_ids[-1] == tiny_tokenizer.eos_token_id and g.finish_reason == "stop"
+    assert tiny_tokenizer.decode(g.output_ids, skip_special_tokens=True) == "Hello <tool_call>x</tool_call>"
+    assert tiny_tokenizer.convert_tokens_to_ids("<tool_call>") in g.output_ids  # markup is one token
+    assert g.output_logprobs == [0.0] * len(g.output_ids)
+
+
+def load_items(texts):
+    from clawgym.engines.scripted import ScriptItem
+
+    return [ScriptItem(text=t) for t in texts]
+
+
+def test_scripted_queues_budget_errors_and_reload(tiny_model, tmp_path):
+    path = tmp_path / "script.jsonl"
+    path.write_text('{"rollout_id": "a", "text": "one two three four five six"}\n'
+                    '{"rollout_id": "a", "error": "engine on fire"}\n'
+                    '{"text": "shared"}\n')
+    eng = make_engine("scripted", EngineConfig(tiny_model, {"script": str(path)}))
+    g = run(eng.generate([1], Sampling(max_tokens=3), "a"))
+    assert len(g.output_ids) == 3 and g.finish_reason == "length"
+    with pytest.raises(EngineError, match="engine on fire"):
+        run(eng.generate([1], Sampling(max_tokens=3), "a"))
+    assert run(eng.generate([1], Sampling(max_tokens=50), "b")).finish_reason == "stop"  # the shared queue
+    with pytest.raises(EngineError, match="rollout 'b' is exhausted"):
+        run(eng.generate([1], Sampling(max_tokens=50), "b"))
+    assert eng.push("b", ["again", {"text": "slow", "delay_s": 0.01}]) == 2
+    assert run(eng.generate([1], Sampling(max_tokens=50), "b")).output_ids
+    assert run(eng.reload(tmp_path)) == 1 and eng.policy_version == 1
+
+
+def test_script_file_errors_name_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": \n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: not JSON"):
+        load_script(bad)
+    bad.write_text('{"rollout_id": "x", "delay_s": 1}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:1: a script item needs 'text' or 'error'"):
+        load_script(bad)
+    with pytest.raises(UserError, match="does not exist"):
+        load_script(tmp_path / "missing.jsonl")
+
+
+@pytest.fixture(scope="module")
+def hf_engine(tiny_model):
+    return HFEngine(tiny_model, max_batch=8, prefill_chunk=5)  # small chunks: the chunked prefill runs
+
+
+def teacher_forced_logprobs(model, prompt, output, temperature):
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + output])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
+
+
+def test_hf_batched_generation_logprobs_match_a_plain_forward(hf_engine):
+    prompts = [[5, 6, 7] * (i + 1) for i in range(5)]  # different lengths: left padding in one batch
+
+    async def go():
+        return await asyncio.gather(*[hf_engine.generate(p, Sampling(max_tokens=6 + i, temperature=0.7 + 0.1 * i, seed=i))
+                                      for i, p in enumerate(prompts)])
+
+    gens = run(go())
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        assert len(g.output_ids) == 6 + i and g.finish_reason == "length" and g.policy_version == hf_engine.policy_version
+        ref = teacher_forced_logprobs(hf_engine.model, p, g.output_ids, 0.7 + 0.1 * i)
+        assert g.output_logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_hf_seed_greedy_and_stop_ids(hf_engine):
+    s = Sampling(max_tokens=8, temperature=1.0, seed=11)
+    a, b = run(hf_engine.generate([9, 10, 11], s)), run(hf_engine.generate([9, 10, 11], s))
+    assert a.output_ids == b.output_ids  # same seed, same sample
+    greedy = run(hf_engine.generate([9, 10, 11], Sampling(max_tokens=8, temperature=0.0)))
+    stop = greedy.output_ids[2]
+    cut = run(hf_engine.generate([9, 10, 11], Sampling(max_tokens=8, temperature=0.0, stop_token_ids=(stop,))))
+    assert cut.finish_reason == "stop" and cut.output_ids[-1] == stop
+    assert cut.output_ids == greedy.output_ids[: greedy.output_ids.index(stop) + 1]
+    assert run(hf_engine.generate([9], Sampling(max_tokens=0))).output_ids == []
+
+
+def test_hf_reload_bumps_version_and_changes_weights(tiny_model, tmp_path):
+    from clawgym.model import init_model
+
+    eng = HFEngine(tiny_model)
+    other = tmp_path / "other"
+    init_model(other, seed=1, size="tiny")
+    s = Sampling(max_tokens=6, temperature=0.0)
+    before = run(eng.generate([5, 6, 7], s))
+    assert run(eng.reload(other)) == 1
+    after = run(eng.generate([5, 6, 7], s))
+    assert after.policy_version == 1 and before.policy_version == 0
+    assert after.output_logprobs != before.output_logprobs
+    with pytest.raises(UserError, match="not a model directory"):
+        run(eng.reload(tmp_path / "nope"))
+    assert eng.policy_version == 1
+    run(eng.close())
+    with pytest.raises(EngineError, match="shut down"):
+        run(eng.generate([1], s))
+
+
+def test_hf_packs_long_prompts_alone(hf_engine):
+    from clawgym.engines.hf import _Job
+
+    jobs = [_Job([1] * n, Sampling(max_tokens=1), None, None) for n in (40_000, 100, 120, 30_000, 90)]
+    batches = hf_engine._pack(jobs)
+    sizes = sorted(sorted(len(j.prompt_ids) for j in b) for b in batches)
+    assert sizes == [[90, 100, 120], [30_000], [40_000]]

@@ -1,0 +1,143 @@
+"""Real harnesses against the proxy (scripted engine): `claude -p` and `codex exec` each run one shell
+tool call that writes a file, then finish; the records hold both calls, and the second prompt extends
+the first prompt plus its sampled tokens.
+
+The binaries come from `scripts/install-harnesses.sh` (`clawgym harness install`: pinned npm versions); without
+them these tests skip and say how to install. Every harness runs with a fresh HOME, the quiet
+settings of research/harnesses.md, and an HTTP(S) proxy that refuses everything, so nothing but the
+proxy on 127.0.0.1 is reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clawgym.artifacts import materialize_prompts
+from clawgym.proxy import ProxyConfig, ProxyThread, read_records
+from clawgym.rollout.harnesses.claude_code import ClaudeCode
+from clawgym.rollout.harnesses.codex import Codex
+
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
+
+BINARIES = {"claude": ClaudeCode().binary, "codex": Codex().binary}  # where `clawgym harness install` puts them
+DEAD_PROXY = "http://127.0.0.1:9"  # discard port: any attempt to reach an outside host fails at once
+PROMPT = "Create a file out.txt containing hi by running a shell command."
+
+
+def need(binary: str) -> Path:
+    path = BINARIES[binary]()
+    if not path.exists():
+        pytest.skip(f"{binary} is not installed: run scripts/install-harnesses.sh (pinned versions into {path.parents[2]})")
+    return path
+
+
+@pytest.fixture(scope="module")
+def proxy(tiny_model, tmp_path_factory):
+    # Harness prompts (20-40k tokens with the tiny tokenizer) exceed the tiny model's window; the
+    # scripted engine does not care, so the window is lifted here.
+    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path_factory.mktemp("records"),
+                         max_context=1 << 20, audit_render=True, ping_interval_s=0.1)
+    with ProxyThread(config) as p:
+        yield p
+
+
+def base_env(home: Path) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TERM": "dumb", "LANG": "C.UTF-8",
+            "SHELL": "/bin/bash", "HTTP_PROXY": DEAD_PROXY, "HTTPS_PROXY": DEAD_PROXY, "http_proxy": DEAD_PROXY,
+            "https_proxy": DEAD_PROXY, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
+def assert_two_calls_extend(proxy: ProxyThread, rollout_id: str, protocol: str) -> None:
+    st = proxy.settle(rollout_id, timeout=60)
+    recs = materialize_prompts(read_records(proxy.config.records_dir / f"{rollout_id}.jsonl"))
+    assert len(recs) == st["calls_recorded"] == 2, [r.status for r in recs]
+    first, second = recs
+    assert all(r.status == "ok" and r.protocol == protocol and r.stream for r in recs)
+    seq = first.prompt_ids + first.output_ids
+    assert second.prompt_ids[: len(seq)] == seq and len(second.prompt_ids) > len(seq)
+    assert second.render_mode == "incremental"
+
+
+def test_claude_code_writes_a_file_through_the_proxy(proxy, tmp_path):
+    claude = need("claude")
+    # The first answer is slow, so Claude Code also sees keep-alive pings before the content.
+    script = [{"text": '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo hi > out.txt", "description": "write out.txt"}}\n</tool_call>',
+               "delay_s": 0.5},
+              "Done: wrote out.txt"]
+    reg = proxy.register("claude-code", script=script)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = base_env(tmp_path / "home") | {
+        "ANTHROPIC_BASE_URL": reg["base_url"], "ANTHROPIC_API_KEY": reg["api_key"],
+        "ANTHROPIC_MODEL": "clawgym-policy", "ANTHROPIC_SMALL_FAST_MODEL": "clawgym-policy",
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "clawgym-policy", "ANTHROPIC_DEFAULT_SONNET_MODEL": "clawgym-policy",
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": "clawgym-policy",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
+        "CLAUDE_CODE_MAX_RETRIES": "0", "IS_SANDBOX": "1",  # root needs IS_SANDBOX for --dangerously-skip-permissions
+    }
+    run = subprocess.run([str(claude), "-p", PROMPT, "--output-format", "stream-json", "--verbose",
+                          "--dangerously-skip-permissions", "--max-turns", "5", "--no-session-persistence"],
+                         cwd=ws, env=env, capture_output=True, text=True, timeout=180)
+    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    result = [x for x in lines if x.get("type") == "result"]
+    assert run.returncode == 0 and result and not result[-1]["is_error"], (run.stdout[-2000:], run.stderr[-2000:])
+    assert result[-1]["result"] == "Done: wrote out.txt"
+    assert (ws / "out.txt").read_text().strip() == "hi"
+    assert_two_calls_extend(proxy, "claude-code", "anthropic")
+
+
+def test_codex_writes_a_file_through_the_proxy(proxy, tmp_path):
+    codex = need("codex")
+    script = [{"text": '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo hi > out.txt"}}\n</tool_call>',
+               "delay_s": 0.5},
+              "Done: wrote out.txt"]
+    reg = proxy.register("codex", script=script)
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    ws.mkdir()
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True)
+    (codex_home / "config.toml").write_text(f'''
+model = "clawgym-policy"
+model_provider = "clawgym"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+model_context_window = 128000
+web_search = "disabled"
+
+[model_providers.clawgym]
+name = "clawgym proxy"
+base_url = "{reg['openai_base_url']}"
+env_key = "CLAWGYM_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 120000
+
+[agents]
+enabled = false
+[analytics]
+enabled = false
+[feedback]
+enabled = false
+[features]
+plugins = false
+goals = false
+''')
+    env = base_env(home) | {"CODEX_HOME": str(codex_home), "CLAWGYM_API_KEY": reg["api_key"]}
+    run = subprocess.run([str(codex), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(ws),
+                          "--dangerously-bypass-approvals-and-sandbox", PROMPT],
+                         cwd=ws, env=env, capture_output=True, text=True, timeout=180)
+    events = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
+    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
+    assert messages == ["Done: wrote out.txt"], run.stdout[-2000:]
+    assert (ws / "out.txt").read_text().strip() == "hi"
+    assert_two_calls_extend(proxy, "codex", "openai-responses")

@@ -1,0 +1,178 @@
+"""Rendering + token-in-token-out: incremental equals a full render, sampled ids are spliced in however
+the harness re-serializes a turn, history rewrites fall back to full renders, the tool-call parser."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clawgym.proxy import anthropic, openai_chat
+from clawgym.proxy.render import Renderer, RolloutTito
+from clawgym.proxy.toolparse import HermesParser
+from clawgym.proxy.types import Message, ToolSpec
+
+TOOLS = [ToolSpec("Bash", "run", {"type": "object", "properties": {"command": {"type": "string"}}}),
+         ToolSpec("Read", "read", {"type": "object", "properties": {"path": {"type": "string"}}})]
+
+
+@pytest.fixture(scope="module", params=["tiny", "no-think-gen"])
+def renderer(request, tiny_model):
+    """The tiny template, and a variant whose generation prompt adds an empty think block (as Qwen3
+    does with thinking off) that the rendered history never shows."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    if request.param == "no-think-gen":
+        old = "{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+        assert old in tok.chat_template
+        tok.chat_template = tok.chat_template.replace(old, "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}")
+    return Renderer(tok)
+
+
+def sample(tok, text: str, eos: bool = True) -> list[int]:
+    ids = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    return ids + [tok.eos_token_id] if eos else ids
+
+
+def answer(tito: RolloutTito, tok, msgs, call_id: str, text: str, eos: bool = True):
+    """Render, commit, 'sample' `text`, store it; returns (prompt ids, output ids, parsed turn)."""
+    plan = tito.render(msgs, TOOLS)
+    tito.commit(plan, call_id)
+    out = sample(tok, text, eos)
+    parsed = HermesParser().parse(tok.decode([t for t in out if t != tok.eos_token_id], skip_special_tokens=False))
+    tito.add_completion(call_id, parsed.text, parsed.tool_calls, out)
+    return plan, out, parsed
+
+
+def call(name, **args):
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+
+
+def test_echo_variants_still_splice_the_sampled_ids(renderer, tiny_tokenizer):
+    """Key order, whitespace, rewritten ids, split text blocks: the echo matches the completion."""
+    tito = RolloutTito(renderer, audit=True)
+    msgs = [Message("system", "sys"), Message("user", "go")]
+    plan, out, parsed = answer(tito, tiny_tokenizer, msgs, "c0", "Let me look.\n" + call("Bash", command="ls", flag=True) + call("Read", path="a"))
+    assert [c.name for c in parsed.tool_calls] == ["Bash", "Read"] and parsed.text == "Let me look."
+    # Anthropic echo: text split into two blocks, input keys reordered, ids rewritten.
+    echo = anthropic.parse({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me "}, {"type": "text", "text": "look. "},
+                                          {"type": "tool_use", "id": "x", "name": "Bash", "input": {"flag": True, "command": "ls"}},
+                                          {"type": "tool_use", "id": "y", "name": "Read", "input": {"path": "a"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "a b"},
+                                     {"type": "tool_result", "tool_use_id": "y", "content": "text of a"}]}], "system": "sys"})
+    p2 = tito.render(echo.messages, TOOLS)
+    assert p2.mode == "incremental" and p2.spliced == 1 and p2.unmatched == 0 and not p2.audit_mismatch
+    assert p2.prompt_ids[: len(plan.prompt_ids) + len(out)] == plan.prompt_ids + out
+    assert p2.base_call == "c0" and p2.base_len == len(plan.prompt_ids) + len(out)
+    # The same turn echoed as OpenAI chat, arguments a JSON string with other spacing and ids without '_'.
+    chat = openai_chat.parse({"model": "m", "messages": [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "callx", "type": "function", "function": {"name": "Bash", "arguments": '{"flag":true,  "command":"ls"}'}},
+            {"id": "cally", "type": "function", "function": {"name": "Read", "arguments": '{"path": "a"}'}}]},
+        {"role": "tool", "tool_call_id": "callx", "content": "a b"}, {"role": "tool", "tool_call_id": "cally", "content": "text of a"}]})
+    p3 = tito.render(chat.messages, TOOLS)
+    assert p3.prompt_ids == p2.prompt_ids
+    # A harness that drops the text before its tool calls still gets the sampled ids.
+    chat.messages[2].content = ""
+    p4 = tito.render(chat.messages, TOOLS)
+    assert p4.spliced == 1 and p4.prompt_ids == p2.prompt_ids
+
+
+def test_truncated_output_and_unmatched_turns(renderer, tiny_tokenizer):
+    tito = RolloutTito(renderer, audit=True)
+    msgs = [Message("user", "write a lot")]
+    plan, out, parsed = answer(tito, tiny_tokenizer, msgs, "c0", "a long answer that was cut", eos=False)
+    assert out[-1] != tiny_tokenizer.eos_token_id
+    msgs = msgs + [Message("assistant", parsed.text), Message("user", "continue")]
+    p2 = tito.render(msgs, TOOLS)
+    assert p2.spliced == 1 and p2.prompt_ids[: len(plan.prompt_ids) + len(out)] == plan.prompt_ids + out
+    assert p2.prompt_ids[len(plan.prompt_ids) + len(out)] == tiny_tokenizer.eos_token_id  # the template's end of turn
+    # An assistant turn the proxy never produced is rendered from its text and counted.
+    fake = msgs + [Message("assistant", "I made this up"), Message("user", "ok")]
+    p3 = tito.render(fake, TOOLS)
+    assert p3.unmatched == 1 and p3.spliced == 1
+
+
+def test_history_rewrite_falls_back_to_full_render(renderer, tiny_tokenizer):
+    tito = RolloutTito(renderer, audit=True)
+    msgs = [Message("system", "sys"), Message("user", "task")]
+    for i in range(3):
+        plan, out, parsed = answer(tito, tiny_tokenizer, msgs, f"c{i}", call("Bash", command=f"echo {i}"))
+        msgs = msgs + [Message("assistant", parsed.text, parsed.tool_calls), Message("tool", f"out {i}")]
+        assert plan.mode == ("full" if i == 0 else "incremental") and not plan.fallback
+    compacted = [Message("system", "sys"), Message("user", "Summary of the work so far: ran 3 commands.")]
+    p = tito.render(compacted, TOOLS)
+    assert p.mode == "full" and p.fallback
+    # OpenClaw-style: a trailing context message moves behind each new turn, so no earlier request
+    # is a prefix: a full render, yet the assistant turn still gets its sampled ids.
+    tito = RolloutTito(renderer, audit=True)
+    ctx = Message("user", "<context>")
+    plan, out, parsed = answer(tito, tiny_tokenizer, [Message("system", "sys"), Message("user", "task"), ctx], "c0",
+                               call("exec", command="echo hi"))
+    moved = [Message("system", "sys"), Message("user", "task"), Message("assistant", parsed.text, parsed.tool_calls),
+             Message("tool", "(no output)"), ctx]
+    p = tito.render(moved, TOOLS)
+    assert p.mode == "full" and p.fallback and p.spliced == 1 and p.unmatched == 0
+    assert any(p.prompt_ids[i:i + len(out)] == out for i in range(len(p.prompt_ids)))  # sampled ids, verbatim
+    assert p.base_call == "c0" and p.base_len >= 16  # still delta-encoded against the shared prefix
+
+
+def test_retry_of_identical_request_gives_identical_prompt(renderer, tiny_tokenizer):
+    tito = RolloutTito(renderer)
+    msgs = [Message("user", "hi")]
+    plan, _, _ = answer(tito, tiny_tokenizer, msgs, "c0", "hello")
+    again = tito.render(msgs, TOOLS)
+    assert again.prompt_ids == plan.prompt_ids and again.mode == "incremental"
+
+
+TURN = st.sampled_from(["tool", "tools2", "text_user", "user_only", "system_mid"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.lists(TURN, min_size=1, max_size=8), lead_system=st.booleans(), with_tools=st.booleans())
+def test_incremental_equals_full_render_and_prompts_extend(renderer, tiny_tokenizer, turns, lead_system, with_tools):
+    tito = RolloutTito(renderer, audit=True)
+    tools = TOOLS if with_tools else []
+    msgs = ([Message("system", "be brief")] if lead_system else []) + [Message("user", "start")]
+    prev: list[int] | None = None
+    for i, kind in enumerate(turns):
+        plan = tito.render(msgs, tools)
+        assert not plan.audit_mismatch
+        if prev is not None and kind != "system_mid":
+            assert plan.prompt_ids[: len(prev)] == prev
+        tito.commit(plan, f"c{i}")
+        text = {"tool": f"ok {i}\n" + call("Bash", command=f"c{i}"), "tools2": call("Bash", command="a") + call("Read", path=f"p{i}"),
+                "text_user": f"Answer  {i}.", "user_only": f"Answer {i}", "system_mid": f"x{i}"}[kind]
+        out = sample(tiny_tokenizer, text)
+        parsed = HermesParser().parse(tiny_tokenizer.decode(out[:-1], skip_special_tokens=False))
+        tito.add_completion(f"c{i}", parsed.text, parsed.tool_calls, out)
+        prev = plan.prompt_ids + out
+        msgs = msgs + [Message("assistant", parsed.text + " ", parsed.tool_calls)]
+        if kind in ("tool", "tools2"):
+            msgs += [Message("tool", f"result {i}.{j}") for j in range(len(parsed.tool_calls))]
+        elif kind == "system_mid":
+            msgs += [Message("system", "reminder"), Message("user", "more")]
+        else:
+            msgs += [Message("user", f"next {i}")]
+    final = tito.render(msgs, tools)
+    assert not final.audit_mismatch and final.prompt_ids[: len(prev)] == prev
+
+
+def test_hermes_parser_cases():
+    p = HermesParser()
+    r = p.parse("<think>plan it</think>Sure.\n" + call("Bash", command="ls") + "\n" + call("Read", path="x"))
+    assert r.reasoning == "plan it" and r.text == "Sure." and [c.arguments for c in r.tool_calls] == [{"command": "ls"}, {"path": "x"}]
+    bad = "Here: <tool_call>\n{not json}\n</tool_call>"
+    assert p.parse(bad).tool_calls == [] and p.parse(bad).text == bad  # unparseable -> text, never an error
+    assert p.parse('<tool_call>{"name": "X", "arguments": [1]}</tool_call>').tool_calls == []
+    cut = "Start <tool_call>\n{\"name\": \"Bash\", \"argu"
+    assert p.parse(cut).text == cut and not p.parse(cut).tool_calls
+    s = p.parse('<tool_call>{"name": "Bash", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>')
+    assert s.tool_calls[0].arguments == {"command": "pwd"}  # arguments given as a JSON string
+    assert p.parse("plain text").text == "plain text"

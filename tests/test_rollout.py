@@ -1,0 +1,128 @@
+"""The rollout runner end to end: real sandboxes, the real proxy (scripted engine), real harness processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clawgym import artifacts as A
+from clawgym.errors import UserError
+from clawgym.rollout.runner import RolloutConfig, run_rollouts
+
+CHECK_FILE = textwrap.dedent("""\
+    import json, sys, pathlib
+    ws = pathlib.Path(sys.argv[1])
+    f = ws / "out.txt"
+    print(json.dumps({"file_exists": f.exists(), "content": f.exists() and f.read_text().strip() == "hi"}))
+""")
+
+
+def make_task(root: Path, task_id: str, instruction: str = "Write hi to out.txt.", timeout: int = 60) -> Path:
+    d = root / task_id
+    (d / "tests").mkdir(parents=True)
+    (d / "workspace").mkdir()
+    (d / "workspace" / "README.md").write_text("seed file\n")
+    (d / "task.toml").write_text(f'[metadata]\nid = "{task_id}"\ncategory = "files"\n\n[agent]\ntimeout_sec = {timeout}\n')
+    (d / "instruction.md").write_text(instruction + "\n")
+    (d / "tests" / "check.py").write_text(CHECK_FILE)
+    return d
+
+
+def tool_call(name: str, **args) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+def script(path: Path, items: dict[str, list]) -> Path:
+    with open(path, "w") as f:
+        for rid, texts in items.items():
+            for t in texts:
+                f.write(json.dumps({"rollout_id": rid, **(t if isinstance(t, dict) else {"text": t})}) + "\n")
+    return path
+
+
+def config(tmp_path: Path, tiny_model: Path, script_path: Path, **kw) -> RolloutConfig:
+    return RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", model=tiny_model,
+                         engine="scripted", engine_options={"script": str(script_path)}, **kw)
+
+
+@pytest.mark.slow
+def test_agentloop_rollouts_are_scored_recorded_and_classified(tmp_path: Path, tiny_model: Path) -> None:
+    make_task(tmp_path / "tasks", "hello")
+    s = script(tmp_path / "script.jsonl", {
+        "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],   # right file
+        "hello.agentloop.1": [tool_call("bash", command="echo bye > out.txt"), "Done."],    # wrong content
+    })
+    summary = run_rollouts(config(tmp_path, tiny_model, s, n=2, concurrency=2))
+    by_id = {r.rollout_id: r for r in summary.rollouts}
+    assert by_id["hello.agentloop.0"].status == "ok" and by_id["hello.agentloop.0"].reward == 1.0
+    assert by_id["hello.agentloop.1"].status == "ok" and by_id["hello.agentloop.1"].reward == 0.5
+    assert all(r.group_id == "hello/agentloop" and r.n_calls == 2 and r.category == "files" for r in summary.rollouts)
+
+    rollouts = A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)
+    calls = A.materialize_prompts(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord))
+    assert sorted(r.rollout_id for r in rollouts) == sorted(by_id)
+    assert len(calls) == 4 and {c.role for c in calls} == {"main"}
+    first, second = sorted((c for c in calls if c.rollout_id == "hello.agentloop.0"), key=lambda c: c.seq)
+    # the second prompt extends the first prompt and its sampled tokens, token for token
+    assert second.prompt_ids[: len(first.prompt_ids) + len(first.output_ids)] == first.prompt_ids + first.output_ids
+    assert json.loads((tmp_path / "out" / "rollout.config.json").read_text())["harnesses"] == ["agentloop"]
+
+
+@pytest.mark.slow
+def test_failures_are_classified_and_never_stop_the_others(tmp_path: Path, tiny_model: Path) -> None:
+    make_task(tmp_path / "tasks", "hello")
+    make_task(tmp_path / "tasks", "hang", timeout=3)
+    s = script(tmp_path / "script.jsonl", {
+        "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],
+        "hang.agentloop.0": [tool_call("bash", command="sleep 300"), "Done."],
+    })
+    summary = run_rollouts(config(tmp_path, tiny_model, s, concurrency=2))
+    by_id = {r.rollout_id: r for r in summary.rollouts}
+    assert by_id["hello.agentloop.0"].reward == 1.0
+    hang = by_id["hang.agentloop.0"]
+    assert hang.status == "timeout" and hang.reward == 0.0 and "killed after 3 s" in hang.error
+    # no process of the hung rollout is left
+    leftovers = [p for p in os.listdir("/proc") if p.isdigit() and _has_marker(p, "hang.agentloop.0")]
+    assert leftovers == []
+
+
+def _has_marker(pid: str, sandbox_id: str) -> bool:
+    try:
+        return sandbox_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_engine_failure_is_an_infra_error_and_a_rerun_resumes(tmp_path: Path, tiny_model: Path) -> None:
+    make_task(tmp_path / "tasks", "hello")
+    s = script(tmp_path / "script.jsonl", {
+        "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],
+        "hello.agentloop.1": [{"error": "engine down"}] * 8,
+    })
+    cfg = config(tmp_path, tiny_model, s, n=2, concurrency=1)
+    summary = run_rollouts(cfg)
+    by_id = {r.rollout_id: r for r in summary.rollouts}
+    assert by_id["hello.agentloop.1"].status == "infra_error" and by_id["hello.agentloop.1"].reward is None
+    failed_calls = [c for c in A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord) if c.rollout_id == "hello.agentloop.1"]
+    assert failed_calls and {c.status for c in failed_calls} == {"engine_error"}  # the harness's retries are recorded
+
+    # A rerun into the same folder skips what finished and keeps every rollout once.
+    again = run_rollouts(cfg)
+    assert sorted(r.rollout_id for r in again.rollouts) == ["hello.agentloop.0", "hello.agentloop.1"]
+    assert len(A.read_jsonl(tmp_path / "out" / "results.jsonl").records) == 2
+
+
+def test_bad_input_is_one_clear_error(tmp_path: Path, tiny_model: Path) -> None:
+    (tmp_path / "tasks").mkdir()
+    with pytest.raises(UserError, match="unknown harness 'nope'"):
+        run_rollouts(RolloutConfig(tasks=tmp_path / "tasks", harnesses=["nope"], out=tmp_path / "o", model=tiny_model))
+    with pytest.raises(UserError, match="holds no task folders"):
+        run_rollouts(RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "o", model=tiny_model))
+    make_task(tmp_path / "tasks", "hello")
+    with pytest.raises(UserError, match="--proxy URL with --admin-token and --records"):
+        run_rollouts(RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "o"))
