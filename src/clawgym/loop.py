@@ -136,9 +136,7 @@ def _proxy(recipe: Recipe, run_dir: Path, policy: Path, version: int):
         return contextlib.nullcontext(None)
     from clawgym.rollout.proxy_client import start_local_proxy
 
-    options = {**recipe.engine.options, "policy_version": version}
-    cfg = _rollout_config(recipe, run_dir, 0, version)
-    cfg = dataclasses.replace(cfg, model=policy, engine_options=options)
+    cfg = dataclasses.replace(_rollout_config(recipe, run_dir, 0, version), model=policy)
     return start_local_proxy(cfg, run_dir)  # records under RUN/records, copied into each step's folder
 
 

@@ -66,6 +66,8 @@ class ProxyConfig:
     audit_render: bool = False
     """also render every request fully and compare with the incremental result (tests, debugging)"""
     engine_options: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0
+    """the version of the weights served at start (a resumed run starts past 0)"""
 
 
 @dataclass
@@ -96,7 +98,10 @@ class ProxyServer:
         opts = dict(config.engine_options)
         if config.max_context:
             opts.setdefault("max_context", config.max_context)
-        self.engine = engine or make_engine(config.engine, EngineConfig(Path(config.model_dir), opts))
+        if engine is None:
+            engine = make_engine(config.engine, EngineConfig(Path(config.model_dir), opts))
+            engine.policy_version = config.policy_version
+        self.engine = engine
         self.recorder = Recorder(config.records_dir)
         self.admin_token = config.admin_token or secrets.token_urlsafe(24)
         self.rollouts: dict[str, Rollout] = {}

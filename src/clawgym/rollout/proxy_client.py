@@ -105,6 +105,6 @@ def start_local_proxy(config, out: Path) -> Iterator[ProxyClient]:
 
     records = Path(out) / "records"
     pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, port=0, records_dir=records,
-                     engine_options=dict(config.engine_options))
+                     engine_options=dict(config.engine_options), policy_version=config.policy_version)
     with ProxyThread(pc) as thread:
         yield ProxyClient(thread.url, thread.server.admin_token, records)
