@@ -190,10 +190,10 @@ def test_inspect_tables_and_jsonl(tmp_path: Path) -> None:
     r = clawgym("inspect", str(tmp_path / "rollouts.parquet"))
     assert r.returncode == 0 and "1 of 2" in r.stdout and "infra_error: 1" in r.stdout
 
-    A.append_metrics(tmp_path / "metrics.jsonl", A.MetricsLine(1, {"rollout/reward_mean": 0.125}))
-    with open(tmp_path / "metrics.jsonl", "ab") as f:
+    A.append_metrics(tmp_path / "logs" / "metrics.jsonl", A.MetricsLine(1, {"rollout/reward_mean": 0.125}))
+    with open(tmp_path / "logs" / "metrics.jsonl", "ab") as f:
         f.write(b'{"step": 2, "rollout/rew')
-    r = clawgym("inspect", str(tmp_path / "metrics.jsonl"))
+    r = clawgym("inspect", str(tmp_path / "logs" / "metrics.jsonl"))
     assert r.returncode == 0, r.stderr
     assert "1 complete records" in r.stdout and "torn line 2" in r.stdout and "0.125" in r.stdout
 
@@ -231,3 +231,13 @@ def test_inspect_trees_counts_leaves_per_rollout_and_draws_one(tmp_path: Path) -
     assert r.stdout.count("model") >= 2
     r = clawgym("inspect", str(tmp_path / "trees.parquet"), "--rollout", "zzz")
     assert r.returncode == 1 and "no rollout 'zzz'" in r.stderr
+
+
+def test_inspect_run_directory_prints_the_per_step_table(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "demo"
+    A.append_metrics(run / "metrics.jsonl", A.MetricsLine(1, {"rollout/reward_mean": 0.05, "rollout/reward_mean/agentloop": 0.05,
+                                                             "rollout/reward_mean/codex": 0.07, "train/loss": 0.25}))
+    A.append_metrics(run / "metrics.jsonl", A.MetricsLine(2, {"rollout/reward_mean": 0.875}))
+    r = clawgym("inspect", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "agentloop" in r.stdout and "codex" in r.stdout and "0.875" in r.stdout and "0.25" in r.stdout

@@ -68,6 +68,135 @@ def init_model(
     typer.echo(f"wrote {info.path}: {info.architecture}, {info.n_params:,} parameters, vocab {info.vocab_size}")
 
 
+# --- serving -----------------------------------------------------------------------------------
+
+
+@app.command("serve-proxy")
+def serve_proxy(
+    model: Path = typer.Option(..., "--model", help="Model directory (HF format; its tokenizer and chat template render prompts)."),
+    engine: str = typer.Option("hf", help="Engine: hf (transformers, CPU default), scripted (texts from --script / the admin API), vllm (in process), remote (--engine-url)."),
+    engine_url: Optional[str] = typer.Option(None, help="Remote engine: vLLM or SGLang server URL(s), comma-separated; rollouts stick to one."),
+    engine_option: list[str] = typer.Option([], help="KEY=VALUE engine option, repeatable; VALUE is JSON when it parses (e.g. dtype=float32, enable_sleep_mode=true)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback by default."),
+    port: int = typer.Option(8000, help="Port (0 picks a free one)."),
+    records: Path = typer.Option(Path("records"), help="Directory for the per-rollout call records (ROLLOUT.jsonl)."),
+    script: Optional[Path] = typer.Option(None, help="Scripted engine: JSONL of {rollout_id, text|error, delay_s} items."),
+    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="Admin token (default: a random one, printed)."),
+    api_key: Optional[str] = typer.Option(None, envvar="CLAWGYM_PROXY_API_KEY", help="A shared key any rollout id may use (rollouts register on first call)."),
+    max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
+    ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
+) -> None:
+    """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
+
+    Each rollout gets /r/ROLLOUT as its base URL and its own API key (POST /admin/rollouts).
+
+    Example: clawgym serve-proxy --model models/tiny --engine scripted --script script.jsonl --port 8000
+
+    Example: clawgym serve-proxy --model models/tiny --engine remote --engine-url http://127.0.0.1:8100
+    """
+    import json
+
+    from clawgym.proxy import ProxyConfig, serve
+
+    if not (model / "config.json").exists():
+        raise UserError(f"--model {model} is not a model directory (no config.json); make one with `clawgym init-model`")
+    options = {"script": str(script)} if script else {}
+    if engine_url:
+        options["engine_url"] = engine_url
+    for item in engine_option:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"--engine-option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
+                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
+
+    def ready(url: str, token: str) -> None:
+        typer.echo(f"serving {model} ({engine}) on {url}; records in {records}")
+        if admin_token is None:
+            typer.echo(f"admin token: {token}")
+
+    serve(config, ready=ready)
+
+
+# --- collect -----------------------------------------------------------------------------------
+
+
+@app.command("rollout")
+def rollout(
+    tasks: Path = typer.Option(..., help="A task folder or a folder of task folders (native format)."),
+    harness: str = typer.Option("agentloop", help="Harness name(s), comma-separated: agentloop, claude-code, codex, openclaw."),
+    out: Path = typer.Option(..., help="Output folder: rollouts.parquet, calls.parquet, records/, results.jsonl."),
+    n: int = typer.Option(1, help="Samples per task–harness pair (the GRPO group size)."),
+    concurrency: int = typer.Option(4, help="Rollouts running at once."),
+    model: Optional[Path] = typer.Option(None, help="Serve this model with a proxy in this process."),
+    engine: str = typer.Option("hf", help="Engine of the in-process proxy: hf | scripted (| vllm | remote where installed)."),
+    script: Optional[Path] = typer.Option(None, help="Scripted engine: the JSONL file of model texts."),
+    max_context: Optional[int] = typer.Option(None, help="In-process proxy: override the model's context window in tokens "
+                                              "(real harness prompts are 10-40k tokens)."),
+    proxy: Optional[str] = typer.Option(None, help="Use a running proxy at this URL instead of --model."),
+    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="The running proxy's admin token."),
+    records: Optional[Path] = typer.Option(None, help="The folder the running proxy records into."),
+    timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
+    sandbox: str = typer.Option("local", help="local | docker."),
+    network: str = typer.Option("auto", help="Sandbox network: auto | bwrap | unshare | blackhole | host."),
+    judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
+    judge_model: str = typer.Option("judge", help="The judge's model name."),
+    step: int = typer.Option(0, help="Step number recorded on each rollout."),
+) -> None:
+    """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
+
+    Rerunning into the same --out resumes: finished rollouts are kept, unfinished ones run again.
+
+    Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
+    """
+    from clawgym.rollout.judge import JudgeConfig
+    from clawgym.rollout.runner import RolloutConfig, run_rollouts
+    from clawgym.rollout.verifier import VerifierConfig
+
+    options = {"script": str(script)} if script else {}
+    if max_context:
+        options["max_context"] = max_context
+    verifier = VerifierConfig(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
+    cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
+                        concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
+                        admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
+                        step=step, verifier=verifier)
+    summary = run_rollouts(cfg, err)
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
+    typer.echo(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {out}")
+
+
+# --- reconstruct -------------------------------------------------------------------------------
+
+
+@app.command("build-trees")
+def build_trees(
+    step_dir: Optional[Path] = typer.Argument(None, help="A step directory: reads calls.parquet and rollouts.parquet there, writes trees.parquet."),
+    calls: Optional[Path] = typer.Option(None, help="calls.parquet (overrides STEP_DIR's)."),
+    rollouts: Optional[Path] = typer.Option(None, help="rollouts.parquet (overrides STEP_DIR's)."),
+    out: Optional[Path] = typer.Option(None, help="trees.parquet to write (overrides STEP_DIR's)."),
+    max_leaves: int = typer.Option(64, min=1, help="Drop a rollout whose tree has more leaves than this (over-branching)."),
+    metrics: Optional[Path] = typer.Option(None, help="metrics.jsonl to append the trees/ line to (default for a step-NNNN dir: the run's)."),
+    step: Optional[int] = typer.Option(None, help="Step number of the metrics line (default: from STEP_DIR's name or the rollouts)."),
+) -> None:
+    """Rebuild each rollout's calls into one prefix tree over token ids, filter it, and report.
+
+    Example: clawgym build-trees --calls calls.parquet --rollouts rollouts.parquet --out trees.parquet
+
+    Example: clawgym build-trees runs/demo/step-0001
+    """
+    from clawgym.trees import resolve_config, run_build_trees
+
+    run_build_trees(resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step), Console())
+
+
 # --- optimize ----------------------------------------------------------------------------------
 
 
@@ -115,75 +244,6 @@ def train(
     args = {k: v for k, v in locals().items() if k in TrainConfig.__dataclass_fields__}
     result = _train(TrainConfig(**args))
     typer.echo(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens")
-
-
-# --- reconstruct -------------------------------------------------------------------------------
-
-
-@app.command("build-trees")
-def build_trees(
-    step_dir: Optional[Path] = typer.Argument(None, help="A step directory: reads calls.parquet and rollouts.parquet there, writes trees.parquet."),
-    calls: Optional[Path] = typer.Option(None, help="calls.parquet (overrides STEP_DIR's)."),
-    rollouts: Optional[Path] = typer.Option(None, help="rollouts.parquet (overrides STEP_DIR's)."),
-    out: Optional[Path] = typer.Option(None, help="trees.parquet to write (overrides STEP_DIR's)."),
-    max_leaves: int = typer.Option(64, min=1, help="Drop a rollout whose tree has more leaves than this (over-branching)."),
-    metrics: Optional[Path] = typer.Option(None, help="metrics.jsonl to append the trees/ line to (default for a step-NNNN dir: the run's)."),
-    step: Optional[int] = typer.Option(None, help="Step number of the metrics line (default: from STEP_DIR's name or the rollouts)."),
-) -> None:
-    """Rebuild each rollout's calls into one prefix tree over token ids, filter it, and report.
-
-    Example: clawgym build-trees --calls calls.parquet --rollouts rollouts.parquet --out trees.parquet
-
-    Example: clawgym build-trees runs/demo/step-0001
-    """
-    from clawgym.trees import resolve_config, run_build_trees
-
-    run_build_trees(resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step), Console())
-
-
-# --- collect -----------------------------------------------------------------------------------
-
-
-@app.command("rollout")
-def rollout(
-    tasks: Path = typer.Option(..., help="A task folder or a folder of task folders (native format)."),
-    harness: str = typer.Option("agentloop", help="Harness name(s), comma-separated: agentloop, claude-code, codex, openclaw."),
-    out: Path = typer.Option(..., help="Output folder: rollouts.parquet, calls.parquet, records/, results.jsonl."),
-    n: int = typer.Option(1, help="Samples per task–harness pair (the GRPO group size)."),
-    concurrency: int = typer.Option(4, help="Rollouts running at once."),
-    model: Optional[Path] = typer.Option(None, help="Serve this model with a proxy in this process."),
-    engine: str = typer.Option("hf", help="Engine of the in-process proxy: hf | scripted (| vllm | remote where installed)."),
-    script: Optional[Path] = typer.Option(None, help="Scripted engine: the JSONL file of model texts."),
-    proxy: Optional[str] = typer.Option(None, help="Use a running proxy at this URL instead of --model."),
-    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="The running proxy's admin token."),
-    records: Optional[Path] = typer.Option(None, help="The folder the running proxy records into."),
-    timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
-    sandbox: str = typer.Option("local", help="local | docker."),
-    network: str = typer.Option("auto", help="Sandbox network: auto | bwrap | unshare | blackhole | host."),
-    judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
-    judge_model: str = typer.Option("judge", help="The judge's model name."),
-    step: int = typer.Option(0, help="Step number recorded on each rollout."),
-) -> None:
-    """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
-
-    Rerunning into the same --out resumes: finished rollouts are kept, unfinished ones run again.
-
-    Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
-    """
-    from clawgym.rollout.judge import JudgeConfig
-    from clawgym.rollout.runner import RolloutConfig, run_rollouts
-    from clawgym.rollout.verifier import VerifierConfig
-
-    options = {"script": str(script)} if script else {}
-    verifier = VerifierConfig(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
-    cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
-                        admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
-                        step=step, verifier=verifier)
-    summary = run_rollouts(cfg, err)
-    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
-    status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
-    typer.echo(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {out}")
 
 
 # --- loop and evaluation -----------------------------------------------------------------------
@@ -238,46 +298,44 @@ def eval_(
     typer.echo(f"Pass@1 {100 * report.overall:.1f}%; wrote {out / 'eval.md'} and {out / 'eval.json'}")
 
 
-# --- harnesses ---------------------------------------------------------------------------------
-
-harness_app = typer.Typer(help="Install and list the agent harnesses rollouts can drive.", no_args_is_help=True)
-app.add_typer(harness_app, name="harness")
+# --- engines -----------------------------------------------------------------------------------
 
 
-@harness_app.command("install")
-def harness_install(name: str = typer.Argument(..., metavar="NAME", help="claude-code | codex | openclaw.")) -> None:
-    """Install a harness's pinned npm version into clawgym's own prefix ($CLAWGYM_HOME/harnesses).
+@app.command("mismatch")
+def mismatch(
+    calls: list[Path] = typer.Option(..., "--calls", help="calls.parquet sampled by an engine; repeat to compare engines in one table."),
+    model: Path = typer.Option(..., "--model", help="The checkpoint that sampled them (HF directory), as the trainer loads it."),
+    policy_version: Optional[int] = typer.Option(None, help="Only calls of this policy version (needed when a file mixes versions)."),
+    max_calls: Optional[int] = typer.Option(None, min=1, help="Measure at most this many calls per file."),
+) -> None:
+    """Compare the engine's logprobs of sampled tokens with the trainer's fp32 recomputation.
 
-    Example: clawgym harness install claude-code
+    Prints mean and max |Δlogp|, k3 KL(rollout ‖ trainer) and the share of tokens whose ratio lies
+    outside [0.5, 2] — the mismatch that token-level TIS corrects (paper §3.2.4).
+
+    Example: clawgym mismatch --calls runs/demo/step-0001/calls.parquet --model models/tiny
     """
-    from clawgym.rollout.harnesses import HARNESSES
+    from clawgym.mismatch import run_mismatch
 
-    if name not in HARNESSES:
-        raise UserError(f"unknown harness '{name}'; choose one of: {', '.join(HARNESSES)}")
-    harness = HARNESSES[name]()
-    if not hasattr(harness, "install"):
-        typer.echo(f"{name} is built in; nothing to install")
-        return
-    with err.status(f"installing {name} with npm"):
-        path = harness.install()
-    typer.echo(f"installed {name}: {path}")
+    run_mismatch(calls, model, Console(), policy_version=policy_version, max_calls=max_calls)
 
 
-@harness_app.command("list")
-def harness_list() -> None:
-    """List the harnesses, the protocol each speaks, and whether it can run here.
+# --- looking at artifacts ----------------------------------------------------------------------
 
-    Example: clawgym harness list
+
+@app.command("inspect")
+def inspect(
+    path: Path = typer.Argument(..., metavar="PATH", help="A Parquet artifact, a JSONL log, a model directory, or a run directory."),
+    rollout: Optional[str] = typer.Option(None, help="For trees.parquet: draw this rollout's tree."),
+    tokenizer: Optional[Path] = typer.Option(None, help="For trees.parquet: a model dir whose tokenizer decodes node text."),
+) -> None:
+    """Print a readable summary of any clawgym artifact or model directory.
+
+    Example: clawgym inspect runs/demo/step-0001/calls.parquet
     """
-    from rich.table import Table
+    from clawgym.inspect import inspect_path
 
-    from clawgym.rollout.harnesses import HARNESSES
-
-    table = Table("harness", "protocol", "status")
-    for name, make in HARNESSES.items():
-        h = make()
-        table.add_row(name, h.protocol, h.missing() or "ready")
-    Console().print(table)
+    inspect_path(path, Console(), rollout=rollout, tokenizer=tokenizer)
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -339,100 +397,46 @@ def tasks_validate(
         raise typer.Exit(1)
 
 
-# --- serving -----------------------------------------------------------------------------------
+# --- harnesses ---------------------------------------------------------------------------------
+
+harness_app = typer.Typer(help="Install and list the agent harnesses rollouts can drive.", no_args_is_help=True)
+app.add_typer(harness_app, name="harness")
 
 
-@app.command("serve-proxy")
-def serve_proxy(
-    model: Path = typer.Option(..., "--model", help="Model directory (HF format; its tokenizer and chat template render prompts)."),
-    engine: str = typer.Option("hf", help="Engine: hf (transformers, CPU default), scripted (texts from --script / the admin API), vllm (in process), remote (--engine-url)."),
-    engine_url: Optional[str] = typer.Option(None, help="Remote engine: vLLM or SGLang server URL(s), comma-separated; rollouts stick to one."),
-    engine_option: list[str] = typer.Option([], help="KEY=VALUE engine option, repeatable; VALUE is JSON when it parses (e.g. dtype=float32, enable_sleep_mode=true)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback by default."),
-    port: int = typer.Option(8000, help="Port (0 picks a free one)."),
-    records: Path = typer.Option(Path("records"), help="Directory for the per-rollout call records (ROLLOUT.jsonl)."),
-    script: Optional[Path] = typer.Option(None, help="Scripted engine: JSONL of {rollout_id, text|error, delay_s} items."),
-    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="Admin token (default: a random one, printed)."),
-    api_key: Optional[str] = typer.Option(None, envvar="CLAWGYM_PROXY_API_KEY", help="A shared key any rollout id may use (rollouts register on first call)."),
-    max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
-    ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
-) -> None:
-    """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
+@harness_app.command("install")
+def harness_install(name: str = typer.Argument(..., metavar="NAME", help="claude-code | codex | openclaw.")) -> None:
+    """Install a harness's pinned npm version into clawgym's own prefix ($CLAWGYM_HOME/harnesses).
 
-    Each rollout gets /r/ROLLOUT as its base URL and its own API key (POST /admin/rollouts).
-
-    Example: clawgym serve-proxy --model models/tiny --engine scripted --script script.jsonl --port 8000
-
-    Example: clawgym serve-proxy --model models/tiny --engine remote --engine-url http://127.0.0.1:8100
+    Example: clawgym harness install claude-code
     """
-    import json
+    from clawgym.rollout.harnesses import HARNESSES
 
-    from clawgym.proxy import ProxyConfig, serve
-
-    if not (model / "config.json").exists():
-        raise UserError(f"--model {model} is not a model directory (no config.json); make one with `clawgym init-model`")
-    options = {"script": str(script)} if script else {}
-    if engine_url:
-        options["engine_url"] = engine_url
-    for item in engine_option:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UserError(f"--engine-option expects KEY=VALUE, got {item!r}")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
-                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
-
-    def ready(url: str, token: str) -> None:
-        typer.echo(f"serving {model} ({engine}) on {url}; records in {records}")
-        if admin_token is None:
-            typer.echo(f"admin token: {token}")
-
-    serve(config, ready=ready)
+    if name not in HARNESSES:
+        raise UserError(f"unknown harness '{name}'; choose one of: {', '.join(HARNESSES)}")
+    harness = HARNESSES[name]()
+    if not hasattr(harness, "install"):
+        typer.echo(f"{name} is built in; nothing to install")
+        return
+    with err.status(f"installing {name} with npm"):
+        path = harness.install()
+    typer.echo(f"installed {name}: {path}")
 
 
-# --- engines -----------------------------------------------------------------------------------
+@harness_app.command("list")
+def harness_list() -> None:
+    """List the harnesses, the protocol each speaks, and whether it can run here.
 
-
-@app.command("mismatch")
-def mismatch(
-    calls: list[Path] = typer.Option(..., "--calls", help="calls.parquet sampled by an engine; repeat to compare engines in one table."),
-    model: Path = typer.Option(..., "--model", help="The checkpoint that sampled them (HF directory), as the trainer loads it."),
-    policy_version: Optional[int] = typer.Option(None, help="Only calls of this policy version (needed when a file mixes versions)."),
-    max_calls: Optional[int] = typer.Option(None, min=1, help="Measure at most this many calls per file."),
-) -> None:
-    """Compare the engine's logprobs of sampled tokens with the trainer's fp32 recomputation.
-
-    Prints mean and max |Δlogp|, k3 KL(rollout ‖ trainer) and the share of tokens whose ratio lies
-    outside [0.5, 2] — the mismatch that token-level TIS corrects (paper §3.2.4).
-
-    Example: clawgym mismatch --calls runs/demo/step-0001/calls.parquet --model models/tiny
+    Example: clawgym harness list
     """
-    from clawgym.mismatch import run_mismatch
+    from rich.table import Table
 
-    run_mismatch(calls, model, Console(), policy_version=policy_version, max_calls=max_calls)
+    from clawgym.rollout.harnesses import HARNESSES
 
-
-# --- looking at artifacts ----------------------------------------------------------------------
-
-
-@app.command("inspect")
-def inspect(
-    path: Path = typer.Argument(..., metavar="PATH", help="A Parquet artifact, a JSONL log, a model directory, or a run directory."),
-    rollout: Optional[str] = typer.Option(None, help="For trees.parquet: draw this rollout's tree."),
-    tokenizer: Optional[Path] = typer.Option(None, help="For trees.parquet: a model dir whose tokenizer decodes node text."),
-) -> None:
-    """Print a readable summary of any clawgym artifact or model directory.
-
-    Example: clawgym inspect runs/demo/step-0001/calls.parquet
-    """
-    from clawgym.inspect import inspect_path
-
-    inspect_path(path, Console(), rollout=rollout, tokenizer=tokenizer)
+    table = Table("harness", "protocol", "status")
+    for name, make in HARNESSES.items():
+        h = make()
+        table.add_row(name, h.protocol, h.missing() or "ready")
+    Console().print(table)
 
 
 def main() -> None:

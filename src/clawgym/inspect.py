@@ -30,6 +30,8 @@ def inspect_path(path: Path, console: Console, *, rollout: Optional[str] = None,
     if path.is_dir():
         if (path / "config.json").exists():
             return inspect_model(path, console)
+        if (path / "metrics.jsonl").exists():
+            return inspect_run(path, console)
         return inspect_directory(path, console)
     if path.suffix == ".parquet":
         kind = _parquet_kind(path)
@@ -255,6 +257,29 @@ def _prod(shape) -> int:
     for s in shape:
         n *= s
     return n
+
+
+# The per-step table of a run: (metric key, column title); per-harness rewards are added as found.
+RUN_COLUMNS = [
+    ("rollout/reward_mean", "reward"), ("rollout/infra_error", "infra err"), ("trees/tree_token_ratio", "tree/calls"),
+    ("train/loss", "loss"), ("train/entropy", "entropy"), ("train/mismatch_abs", "|Δlogp|"),
+    ("train/clip_frac", "clip"), ("eval/pass@1", "eval Pass@1"), ("time/step_s", "step s"),
+]
+
+
+def inspect_run(path: Path, console: Console) -> None:
+    """A run directory: one row per step from metrics.jsonl, then where the plots are."""
+    lines = A.read_metrics(path / "metrics.jsonl")
+    keys = {k for m in lines for k in m.values}
+    harness_cols = [(k, k.rsplit("/", 1)[1]) for k in sorted(keys) if k.startswith("rollout/reward_mean/")]
+    cols = [(k, title) for k, title in RUN_COLUMNS[:1] + harness_cols + RUN_COLUMNS[1:] if k in keys]
+    t = Table("step", *(title for _, title in cols), title=f"run {path}", title_justify="left")
+    for m in lines:
+        t.add_row(str(m.step), *(f"{m.values[k]:.4g}" if k in m.values else "-" for k, _ in cols))
+    console.print(t)
+    plots = sorted((path / "plots").glob("*.png")) if (path / "plots").is_dir() else []
+    if plots:
+        console.print("plots: " + ", ".join(str(p) for p in plots))
 
 
 def inspect_directory(path: Path, console: Console) -> None:

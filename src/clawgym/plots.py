@@ -46,6 +46,9 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     written = []
     for name, (title, ylabel, prefixes) in FIGURES.items():
         series = _series(lines, prefixes)
+        per_harness = [k for k in series if k.startswith("rollout/reward_mean/")]
+        if len(per_harness) == 1:  # one harness: its curve is the mean's
+            series.pop(per_harness[0])
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)

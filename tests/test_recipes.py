@@ -1,0 +1,69 @@
+"""Recipes: the shipped ones load; a wrong key, section or type is one error naming file, section and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clawgym.config import load_recipe, recipe_to_toml
+from clawgym.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["quickstart", "grpo-claude-code", "ppo-openclaw", "mix-harness"])
+def test_shipped_recipes_load(name: str) -> None:
+    r = load_recipe(ROOT / "recipes" / f"{name}.toml")
+    assert r.run.name == name and r.rollout.tasks == ROOT / "recipes" / "tasks" / "toy"
+    assert r.run_dir == ROOT / "recipes" / "runs" / name
+    assert recipe_to_toml(r) == recipe_to_toml(load_recipe(ROOT / "recipes" / f"{name}.toml"))
+
+
+def test_offline_recipe_names_the_missing_run(tmp_path: Path) -> None:
+    recipe = tmp_path / "offline.toml"
+    recipe.write_text((ROOT / "recipes" / "offline-retrain.toml").read_text())
+    with pytest.raises(UserError, match=r"\[offline\] key 'from_run': .*runs/quickstart is not a run directory"):
+        load_recipe(recipe)
+
+
+def _recipe(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "tasks").mkdir(exist_ok=True)
+    path = tmp_path / "r.toml"
+    path.write_text('[model]\ninit = "tiny"\n\n[rollout]\ntasks = "tasks"\n' + body)
+    return path
+
+
+@pytest.mark.parametrize("body,message", [
+    ("[train]\nlrr = 0.1\n", r"\[train\]: unknown key 'lrr'; known: "),
+    ("[train]\nlr = 'fast'\n", r"\[train\] key 'lr' must be float, got str"),
+    ("[train]\nout = 'x'\n", r"\[train\]: unknown key 'out'"),
+    ("[trees]\nmax_leaves = true\n", r"\[trees\] key 'max_leaves' must be int, got bool"),
+    ("[run]\nsteps = 0\n", r"\[run\] key 'steps' must be at least 1"),
+    ("[rollot]\nn = 1\n", r"unknown section \[rollot\]"),
+    ("[eval]\nharnesses = ['nope']\n", r"unknown harness 'nope'"),
+])
+def test_recipe_errors_name_the_key(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        load_recipe(_recipe(tmp_path, body))
+
+
+def test_model_and_tasks_are_required(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text("[run]\nsteps = 1\n")
+    with pytest.raises(UserError, match=r"\[model\]: give exactly one of 'path'"):
+        load_recipe(path)
+    path.write_text('[model]\ninit = "tiny"\n')
+    with pytest.raises(UserError, match=r"\[rollout\]: 'tasks'"):
+        load_recipe(path)
+    with pytest.raises(UserError, match="no such recipe file"):
+        load_recipe(tmp_path / "missing.toml")
+    path.write_text("[run\n")
+    with pytest.raises(UserError, match="not valid TOML"):
+        load_recipe(path)
+
+
+def test_harness_options_and_engine_options_are_kept(tmp_path: Path) -> None:
+    r = load_recipe(_recipe(tmp_path, '[rollout.agentloop]\nmax_tokens = 8\n\n[engine]\nname = "scripted"\nscript = "s.jsonl"\n'))
+    assert r.rollout.harness_options == {"agentloop": {"max_tokens": 8}}
+    assert r.engine.name == "scripted" and r.engine.options == {"script": "s.jsonl"}
