@@ -40,6 +40,7 @@ from clawgym.rollout.sandbox import Limits, RunResult, SandboxConfig, SandboxErr
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 RELAY = Path(sandbox_net.__file__).resolve()
+PACKAGE_ROOT = RELAY.parents[2]  # the folder holding the clawgym package (src/ of a checkout)
 MARKER = "CLAWGYM_SANDBOX_ID"
 _probe_lock = threading.Lock()
 _probes: dict[str, str | None] = {}
@@ -187,8 +188,13 @@ class LocalSandbox:
         for hidden in self.config.hide:
             if Path(hidden).is_dir():
                 argv += ["--tmpfs", str(Path(hidden).resolve())]
-        if RELAY.is_relative_to("/tmp") or RELAY.is_relative_to(base):
-            argv += ["--ro-bind", str(RELAY.parent), str(RELAY.parent)]
+        # The relay and the built-in harness (`python -m clawgym...`) import this package: when it
+        # lives under a hidden folder (an editable install from a checkout in /tmp, as CI makes),
+        # show its folder read-only at the same path, so the .pth entry still resolves inside.
+        # The same for a Python environment (a venv) that lives there.
+        for needed in dict.fromkeys([PACKAGE_ROOT, Path(sys.prefix).resolve()]):
+            if needed.is_relative_to("/tmp") or needed.is_relative_to(base):
+                argv += ["--ro-bind", str(needed), str(needed)]
         return argv + ["--bind", str(self.root), str(self.root), "--chdir", str(cwd), "--", *launcher]
 
     def run(self, cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None, cwd: str | None = None,
