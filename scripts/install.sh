@@ -27,6 +27,12 @@ if [[ ",${extras}," == *",dev,"* ]]; then
         echo "[install] bubblewrap (apt)"
         (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: isolation tests will skip"
     fi
+    # Ray for the distributed-rollout tests (tests/test_ray.py skips without it). Checked with a
+    # dry run: it adds grpcio, protobuf, opentelemetry and the like, never another torch or numpy.
+    if ! python3 -c "import ray" 2>/dev/null; then
+        echo "[install] ray[default] (distributed rollouts)"
+        "${PIP[@]}" "ray[default]>=2.40,<3" || echo "[install] ray unavailable: the Ray tests will skip"
+    fi
     if command -v npm >/dev/null; then
         scripts/install-harnesses.sh openclaw
     else

@@ -95,6 +95,11 @@ def test_outcomes_are_read_from_exit_code_and_output() -> None:
 
     oc = HARNESSES["openclaw"]()
     assert oc.outcome(0, '{"ok":true,"status":"ok","final":"Done"}', "").final_message == "Done"
+    # `--json` pretty-prints over many lines, after whatever else was printed
+    pretty = json.dumps({"ok": True, "final": "Done", "toolSummary": {"tools": ["exec"]}}, indent=2)
+    assert oc.outcome(0, "starting\n" + pretty + "\n", "") == oc.outcome(0, pretty, "")
+    assert (oc.outcome(0, pretty, "").status, oc.outcome(0, pretty, "").final_message) == ("ok", "Done")
+    assert al.outcome(139, "", "").message == "exit code 139 (killed by SIGSEGV)"
     assert oc.outcome(1, '{"ok":false,"error":"fetch failed ECONNREFUSED"}', "").status == "infra_error"
 
 
@@ -110,6 +115,21 @@ def test_call_roles() -> None:
     assert cc.classify([], "Generate a concise, sentence-case title for this", ["Bash"]) == "aux"
     assert cc.classify(["Bash", "Read"], "Your task is to create a detailed summary of the conversation", ["Bash", "Read"]) == "compaction"
     assert cc.classify(["Bash", "Read"], "fix the bug", ["Bash", "Read"]) == "main"
+
+
+def test_runner_classifies_against_the_first_call_with_tools() -> None:
+    # A harness may make a call without tools (a title) before its main agent's first turn.
+    from clawgym.artifacts import CallRecord
+    from clawgym.rollout.runner import _classify
+
+    def call(seq: int, tools: list[str]) -> CallRecord:
+        return CallRecord(rollout_id="r", call_id=f"c{seq}", seq=seq, protocol="anthropic", model="m", started_at=0.0,
+                          finished_at=0.0, prompt_ids=[1], output_ids=[2], output_logprobs=[0.0], finish_reason="stop",
+                          policy_version=0, tool_names=tools)
+
+    calls = [call(0, []), call(1, ["Bash", "Read"]), call(2, ["Read"]), call(3, ["Bash", "Read"])]
+    roles = [c.role for c in _classify(calls, {"r": HARNESSES["claude-code"]()}, None)]
+    assert roles == ["aux", "main", "subagent", "main"]
 
 
 def test_real_harnesses_say_how_to_install_when_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

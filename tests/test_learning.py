@@ -7,7 +7,6 @@ policy starts near 0.05.
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import subprocess
 import sys
@@ -17,41 +16,7 @@ import pytest
 
 from clawgym import artifacts as A
 
-ROOT = Path(__file__).resolve().parents[1]
-TOY = ROOT / "recipes" / "tasks" / "toy"
-
-
-def small_recipe(tmp: Path, algo: str, steps: int = 7, extra_train: str = "") -> Path:
-    tasks = tmp / "tasks"
-    for d in sorted(TOY.iterdir())[:4]:
-        shutil.copytree(d, tasks / d.name)
-    recipe = tmp / f"{algo}.toml"
-    recipe.write_text(f"""
-[run]
-name = "learn-{algo}"
-steps = {steps}
-seed = 0
-
-[model]
-init = "tiny"
-
-[rollout]
-tasks = "tasks"
-harnesses = ["agentloop"]
-n = 8
-concurrency = 8
-timeout = 60
-
-[rollout.agentloop]
-max_turns = 1
-max_tokens = 8
-
-[train]
-algo = "{algo}"
-lr = 0.05
-{extra_train}
-""")
-    return recipe
+from toy import write_toy_recipe
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -65,7 +30,7 @@ def rewards(run_dir: Path) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,extra", [("grpo", ""), ("ppo", "value_lr = 0.01\nvalue_warmup_steps = 4")])
 def test_policy_learns_the_toy_tasks(tmp_path: Path, algo: str, extra: str) -> None:
-    recipe = small_recipe(tmp_path, algo, extra_train=extra)
+    recipe = write_toy_recipe(tmp_path, f"learn-{algo}", algo=algo, steps=7, n=8, tasks=4, train_extra=extra)
     r = run(str(recipe), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / f"learn-{algo}"

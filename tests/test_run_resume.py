@@ -13,44 +13,11 @@ import pytest
 
 from clawgym import artifacts as A
 
-ROOT = Path(__file__).resolve().parents[1]
-TOY = ROOT / "recipes" / "tasks" / "toy"
+from toy import write_toy_recipe
 
 
-def write_recipe(tmp: Path, name: str, *, steps: int, harnesses: str = '["agentloop"]', n: int = 4, extra: str = "") -> Path:
-    tasks = tmp / "tasks"
-    if not tasks.exists():
-        import shutil
-
-        for d in sorted(TOY.iterdir())[:2]:
-            shutil.copytree(d, tasks / d.name)
-    path = tmp / f"{name}.toml"
-    path.write_text(f"""
-[run]
-name = "{name}"
-steps = {steps}
-seed = 0
-
-[model]
-init = "tiny"
-
-[rollout]
-tasks = "tasks"
-harnesses = {harnesses}
-n = {n}
-concurrency = 4
-timeout = 60
-
-[rollout.agentloop]
-max_turns = 1
-max_tokens = 4
-
-[train]
-algo = "grpo"
-lr = 0.05
-{extra}
-""")
-    return path
+def write_recipe(tmp: Path, name: str, *, steps: int, harnesses: str = '["agentloop"]', n: int = 4) -> Path:
+    return write_toy_recipe(tmp, name, steps=steps, n=n, tasks=2, harnesses=harnesses, max_tokens=4, concurrency=4)
 
 
 def clawgym_run(recipe: Path, *extra: str) -> subprocess.Popen:
@@ -131,8 +98,7 @@ def test_mix_harness_keeps_groups_per_harness_and_reports_each(tmp_path: Path) -
 
     if HARNESSES["claude-code"]().missing():
         pytest.skip(HARNESSES["claude-code"]().missing())
-    recipe = write_recipe(tmp_path, "mix", steps=1, harnesses='["agentloop", "claude-code"]', n=2,
-                          extra="")
+    recipe = write_recipe(tmp_path, "mix", steps=1, harnesses='["agentloop", "claude-code"]', n=2)
     text = recipe.read_text().replace("[rollout.agentloop]", "[rollout.claude-code]\nmax_turns = 2\n\n[rollout.agentloop]")
     recipe.write_text(text)
     proc = clawgym_run(recipe)
@@ -185,3 +151,30 @@ lr = 0.05
     online, again = losses("online"), losses("offline")
     assert len(online) == len(again) >= 2
     assert all(abs(a - b) <= 1e-6 for a, b in zip(online, again)), (online, again)
+
+
+@pytest.mark.slow
+def test_eval_inside_the_loop_and_standalone(tmp_path: Path) -> None:
+    import json
+
+    recipe = write_recipe(tmp_path, "evals", steps=1, n=2)
+    recipe.write_text(recipe.read_text() + "\n[eval]\nevery = 1\nn = 2\n")
+    proc = clawgym_run(recipe)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    run_dir = tmp_path / "runs" / "evals"
+    values = A.read_metrics(run_dir / "metrics.jsonl")[0].values
+    assert 0.0 <= values["eval/pass@1"] <= 1.0 and "eval/pass@1/numbers" in values
+    ev = run_dir / "eval" / "step-0001"
+    assert "| harness | numbers | overall |" in (ev / "eval.md").read_text()
+    assert {r.rollout_id for r in A.read_table(ev / "rollouts.parquet", A.RolloutRecord)} == {
+        f"e0001.numbers-{t}.agentloop.{i}" for t in (0, 1) for i in (0, 1)}
+
+    out = tmp_path / "standalone"
+    r = subprocess.run([sys.executable, "-m", "clawgym.cli", "eval", "--tasks", str(tmp_path / "tasks"), "--model",
+                        str(run_dir / "checkpoints" / "step-0001"), "--n", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["per_task"]) == {"numbers-0", "numbers-1"} and report["samples"] == {"numbers-0": 2, "numbers-1": 2}
+    assert "no judge configured: code scores only" in r.stdout and "Pass@1" in r.stdout

@@ -18,7 +18,9 @@ defines what those files hold (DESIGN §3) and how they are written and read:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -346,8 +348,12 @@ def write_table(path: str | os.PathLike, rows: Sequence[Row] | pa.Table, row_typ
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        # pyarrow's IO errors carry no errno, only the OS message
+        if isinstance(e, OSError) and (e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)):
+            raise ArtifactError(path, None, "could not be written: no space left on device; "
+                                            "any previous file is unchanged") from e
         raise
     _fsync_dir(path.parent)
     return path
@@ -445,7 +451,7 @@ class JsonlWriter:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "ab")
+        self._f = open(self.path, "ab", buffering=0)
         if self._f.tell() > 0:
             with open(self.path, "rb") as r:
                 r.seek(-1, os.SEEK_END)
@@ -454,9 +460,19 @@ class JsonlWriter:
 
     def append(self, record: Any) -> None:
         line = orjson.dumps(_jsonable(record), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-        self._f.write(line)
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        fd = self._f.fileno()
+        start = os.fstat(fd).st_size  # one writer per file: where this line begins
+        try:
+            view = memoryview(line)
+            while view:  # unbuffered: a short write (disk nearly full) is continued, never lost in a buffer
+                view = view[self._f.write(view):]
+            os.fsync(fd)
+        except OSError:
+            # Disk full (or another write error) part-way: cut the half line off, so the file keeps
+            # only whole records and the next append (once there is room) starts on a clean line.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
 
     def close(self) -> None:
         if not self._f.closed:

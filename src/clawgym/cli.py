@@ -148,12 +148,15 @@ def rollout(
     judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
     judge_model: str = typer.Option("judge", help="The judge's model name."),
     step: int = typer.Option(0, help="Step number recorded on each rollout."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each rollout as a Ray task on this cluster: auto, local, HOST:6379 or ray://HOST:10001 (docs/scale.md)."),
 ) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
     Rerunning into the same --out resumes: finished rollouts are kept, unfinished ones run again.
 
     Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
+
+    Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8000 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
     from clawgym.rollout.judge import JudgeConfig
     from clawgym.rollout.runner import RolloutConfig, run_rollouts
@@ -166,7 +169,7 @@ def rollout(
     cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
-                        step=step, verifier=verifier)
+                        step=step, verifier=verifier, ray=ray)
     summary = run_rollouts(cfg, err)
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))

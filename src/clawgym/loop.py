@@ -209,7 +209,9 @@ def _evaluate(recipe: Recipe, run_dir: Path, step: int, proxy, console: Console)
     tasks = recipe.eval.tasks or recipe.rollout.tasks
     cfg = _rollout_config(recipe, run_dir / "eval" / f"step-{step:04d}", 0, step, tasks=tasks, n=recipe.eval.n,
                           harnesses=recipe.eval.harnesses or None)
+    cfg = dataclasses.replace(cfg, id_prefix=f"e{step:04d}.")
     report = evaluate(cfg, console, proxy=proxy)
+    report.print(console)
     return {f"eval/{k}": v for k, v in report.metrics().items()}
 
 

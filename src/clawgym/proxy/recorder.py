@@ -31,7 +31,7 @@ MAX_OPEN_FILES = 256
 
 def check_rollout_id(rollout_id: str) -> str:
     """Rollout ids become file names: letters, digits, '.', '_', '-', at most 128, no leading dot."""
-    if not ROLLOUT_ID.match(rollout_id or ""):
+    if not isinstance(rollout_id, str) or not ROLLOUT_ID.match(rollout_id):  # JSON may send any type
         raise UserError(f"invalid rollout id {rollout_id!r}: use letters, digits, '.', '_' or '-' (1-128 chars)")
     return rollout_id
 

@@ -156,7 +156,9 @@ class ProxyServer:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        # A client that goes away (a harness killed on timeout) cancels its handler, and with it the
+        # generation it waits for: the call is recorded as cancelled at once and the rollout settles.
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
@@ -288,6 +290,7 @@ class ProxyServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
         stream = call.proto.Stream(call.req, call.resp_id, len(call.plan.prompt_ids))
+        task = None
         try:
             await resp.prepare(request)
             await resp.write(stream.start())
@@ -306,6 +309,8 @@ class ProxyServer:
                 await resp.write(stream.finish(turn))
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError) as e:
+            if task is not None:
+                task.cancel()  # nobody will read the answer: free the engine
             if call.status == "ok":
                 call.status, call.error = "cancelled", f"client went away ({type(e).__name__})"
             if isinstance(e, asyncio.CancelledError):

@@ -34,6 +34,7 @@ class ProxyClient:
         if port is None:
             raise UserError(f"proxy URL {url} must name a port, e.g. http://127.0.0.1:8000")
         self.port = port
+        self.host = urlparse(self.url).hostname or "127.0.0.1"
 
     @classmethod
     @contextlib.contextmanager

@@ -12,8 +12,9 @@ One rollout, read top to bottom (`_run_one`):
 
 Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
 `harness_error` (scored as is: a crash is the policy's outcome too); a sandbox, proxy or start
-failure is `infra_error` with a null reward, excluded from training. One rollout's failure never
-stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
+failure is `infra_error` with a null reward, excluded from training, and so is a timeout or harness
+error whose last model call failed in the engine (the harness gave up on it, or was still retrying
+it). One rollout's failure never stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
 `--out` skips rollouts already in `results.jsonl`, so a killed run resumes without losing or
 duplicating a rollout; a rollout that had not finished is run again from scratch.
 
@@ -72,8 +73,14 @@ class RolloutConfig:
     harness_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """constructor arguments per harness name, e.g. {"agentloop": {"max_turns": 4}}"""
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    id_prefix: str = ""
+    """prefix of every rollout id (default: s<step>. for a loop step, none otherwise)"""
     task_filter: list[str] = field(default_factory=list)
     """only these task ids (default: all)"""
+    ray: str | None = None
+    """run each rollout as a Ray task on this cluster: 'auto', 'local', HOST:PORT or ray://HOST:PORT (distributed.py)"""
+    ray_num_cpus: float = 1.0
+    """CPUs each rollout task asks Ray for"""
 
 
 @dataclass
@@ -101,13 +108,12 @@ class _Plan:
     harness: str
     sample_index: int
 
-    step: int = 0
+    prefix: str = ""
+    """keeps ids unique across the rollout runs that share one proxy (a run's steps and evals)"""
 
     @property
     def rollout_id(self) -> str:
-        # the step keeps ids unique across a run's steps, which share one proxy
-        prefix = f"s{self.step:04d}." if self.step else ""
-        return f"{prefix}{self.task.id}.{self.harness}.{self.sample_index}"
+        return f"{self.prefix}{self.task.id}.{self.harness}.{self.sample_index}"
 
     @property
     def group_id(self) -> str:
@@ -145,7 +151,8 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     A.write_config(out / "rollout.config.json", config)
     results_path = out / "results.jsonl"
     done = {r["rollout_id"]: r for r in A.read_jsonl(results_path).records} if results_path.exists() else {}
-    plans = [_Plan(t, h, i, config.step) for t in tasks for h in config.harnesses for i in range(config.n)]
+    prefix = config.id_prefix or (f"s{config.step:04d}." if config.step else "")
+    plans = [_Plan(t, h, i, prefix) for t in tasks for h in config.harnesses for i in range(config.n)]
     todo = [p for p in plans if p.rollout_id not in done]
     t0 = time.monotonic()
 
@@ -160,9 +167,21 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
         state = _Progress(console, len(plans), len(done))
         open_sandboxes: dict[str, Any] = {}
         lock = threading.Lock()
+        interrupted = threading.Event()
+        remote = None
+        if config.ray:
+            from clawgym.rollout.distributed import RayRollouts
+
+            remote = RayRollouts(config, proxy.url, proxy.admin_token)
 
         def one(plan: _Plan) -> dict:
-            rec = _run_one(plan, harnesses[plan.harness], proxy, config, open_sandboxes, state)
+            if remote is not None:  # the rollout runs on a Ray worker; its row comes back here
+                state.started()
+                rec = remote.run(plan)
+            else:
+                rec = _run_one(plan, harnesses[plan.harness], proxy, config, open_sandboxes, state)
+            if interrupted.is_set():  # cut short by Ctrl-C (its sandbox closed): not finished, so a rerun runs it again
+                return rec
             with lock:
                 results.append(rec)
             state.finished(rec)
@@ -175,6 +194,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
                 for f in as_completed(futures):
                     done[f.result()["rollout_id"]] = f.result()
         except KeyboardInterrupt:
+            interrupted.set()
             console.print("[yellow]interrupted: closing sandboxes, keeping finished rollouts[/]")
             pool.shutdown(wait=False, cancel_futures=True)
             for sb in list(open_sandboxes.values()):
@@ -203,11 +223,15 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
     try:
         # 1. register with the proxy
         reg = proxy.register(rid)
-        endpoint = Endpoint(base_url=f"http://127.0.0.1:{proxy.port}/r/{rid}", api_key=reg["api_key"])
         # 2. a fresh sandbox seeded from the task's workspace
-        sb_config = SandboxConfig(network=config.network, proxy=ProxyEndpoint(proxy.port), hide=[Path(config.tasks).resolve()])
+        sb_config = SandboxConfig(network=config.network, proxy=ProxyEndpoint(proxy.port, host=proxy.host),
+                                  hide=[Path(config.tasks).resolve()])
         sb = open_sandbox(config.sandbox, task.workspace_dir, sb_config, sandbox_id=rid.replace("/", "_"))
         open_sandboxes[rid] = sb
+        # a namespaced sandbox reaches the proxy at 127.0.0.1 through its relay; others (and a proxy
+        # on another node, with Ray) at the proxy's own address
+        host = proxy.host if getattr(sb, "network", "bwrap") in ("host", "blackhole") else "127.0.0.1"
+        endpoint = Endpoint(base_url=f"http://{host}:{proxy.port}/r/{rid}", api_key=reg["api_key"])
         # 3. the harness, until it exits or the clock runs out
         launch = harness.launch(task.instruction, Path(sb.path_inside(sb.workspace)), Path(sb.path_inside(sb.home)), endpoint)
         for rel, text in launch.files.items():
@@ -219,12 +243,18 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
         # 4. settle the proxy's records of this rollout
         status = proxy.settle(rid, timeout=config.settle_timeout_s)
         rec.n_calls = status["calls_recorded"]
+        if status["calls_recorded"] < status["calls_started"]:  # e.g. the records disk is full
+            raise ProxyUnavailable(f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
+                                   "calls could not be recorded (see the proxy's log)")
         final = None
         if run.timed_out:
             rec.status, rec.error = "timeout", f"killed after {timeout:.0f} s"
         else:
             outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
             rec.status, rec.error, final = outcome.status, outcome.message, outcome.final_message
+        if rec.status in ("timeout", "harness_error") and (failed := _engine_failed_last(proxy, rid)):
+            # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
+            rec.status, rec.error = "infra_error", f"the model engine failed on the last call ({failed}); {rec.error}"
         blocked = sb.blocked_attempts()
         if blocked:
             rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
@@ -249,6 +279,22 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
     return dataclasses.asdict(rec)
 
 
+def infra_error_row(plan: _Plan, config: RolloutConfig, error: str) -> dict:
+    """The row of a rollout that could not run at all (e.g. its Ray worker died): excluded, not scored."""
+    task = plan.task
+    rec = A.RolloutRecord(rollout_id=plan.rollout_id, task_id=task.id, harness=plan.harness, group_id=plan.group_id,
+                          sample_index=plan.sample_index, status="infra_error", reward=None, n_calls=0, wall_time_s=0.0,
+                          policy_version=config.policy_version, category=task.category, step=config.step, error=error)
+    return dataclasses.asdict(rec)
+
+
+def _engine_failed_last(proxy: "ProxyClient", rollout_id: str) -> str:
+    """The engine's error if the rollout's last answered call (abandoned ones aside) failed there, else ''."""
+    calls = [c for c in proxy.collect_calls([rollout_id]) if c.status != "cancelled"]
+    last = max(calls, key=lambda c: c.seq, default=None)
+    return (last.error or "engine_error") if last is not None and last.status == "engine_error" else ""
+
+
 def _classify(calls: list[A.CallRecord], harness_of: dict[str, Harness], model: Path | None) -> list[A.CallRecord]:
     """Each call's role as its harness adapter reads it (main, subagent, compaction, aux)."""
     tokenizer = None
@@ -263,9 +309,10 @@ def _classify(calls: list[A.CallRecord], harness_of: dict[str, Harness], model: 
         if h is None:
             out.append(c)
             continue
-        main_tools.setdefault(c.rollout_id, list(c.tool_names))
+        if c.tool_names:  # the main agent's tools are the first call's that has any (a title call may come first)
+            main_tools.setdefault(c.rollout_id, list(c.tool_names))
         text = last_user_text(tokenizer, full[(c.rollout_id, c.call_id)].prompt_ids) if tokenizer is not None else ""
-        out.append(dataclasses.replace(c, role=h.classify(list(c.tool_names), text, main_tools[c.rollout_id])))
+        out.append(dataclasses.replace(c, role=h.classify(list(c.tool_names), text, main_tools.get(c.rollout_id, []))))
     return out
 
 

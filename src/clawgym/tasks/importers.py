@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from clawgym.errors import UserError
 from clawgym.tasks.rubric import Criterion, write_rubric
-from clawgym.tasks.spec import TASK_ID_RE, Task
+from clawgym.tasks.spec import TASK_ID_RE, Task, check_tree
 from clawgym.tasks.writer import TaskDraft, write_task
 
 # Prompt words that mean live web access (checked against the research report's hand
@@ -108,6 +108,7 @@ def _clawgym_rules(entry: dict) -> list[Criterion]:
 
 
 def _clawgym_draft(d: Path) -> TaskDraft:
+    check_tree(d, str(d))  # a source file linked out of the task folder would be read or copied in
     entry_path = d / "data_entry.json"
     try:
         entry = json.loads(entry_path.read_text(encoding="utf-8"))
@@ -166,6 +167,7 @@ def _iter_clawgym(src: Path) -> Iterator[tuple[str, Callable[[], TaskDraft]]]:
 
 
 def _harbor_draft(d: Path) -> TaskDraft:
+    check_tree(d, str(d))  # a source file linked out of the task folder would be read or copied in
     try:
         doc = tomllib.loads((d / "task.toml").read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:

@@ -18,7 +18,7 @@ import yaml
 from clawgym.errors import UserError
 from clawgym.tasks.importers import TRANSCRIPT_RE, _check_id, _needs_from_text, _tools_from_code
 from clawgym.tasks.rubric import Criterion, write_rubric
-from clawgym.tasks.spec import safe_relpath
+from clawgym.tasks.spec import check_tree, safe_relpath
 from clawgym.tasks.writer import TaskDraft
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +195,7 @@ def iter_pinchbench(src: Path) -> Iterator[tuple[str, Callable[[], TaskDraft]]]:
         tasks_dir, files = src.parent, [src]
     if not files:
         raise UserError(f"{src}: no PinchBench task files (tasks/task_*.md)")
+    check_tree(tasks_dir, str(tasks_dir))  # a task file linked out of the folder would be read in
     assets = tasks_dir.parent / "assets"
     categories: dict[str, str] = {}
     manifest = tasks_dir / "manifest.yaml"

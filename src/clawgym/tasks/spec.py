@@ -217,11 +217,11 @@ def load_task(path: str | os.PathLike) -> Task:
     toml_path = root / "task.toml"
     if not toml_path.is_file():
         raise UserError(f"{label}: missing task.toml")
+    check_tree(root, label)  # before reading anything: task.toml itself may be a link leading out
     try:
         doc = tomllib.loads(toml_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{label}/task.toml: not valid TOML ({e})") from None
-    check_tree(root, label)
 
     meta = _table(doc, "metadata", f"{label}/task.toml")
     agent = _table(doc, "agent", f"{label}/task.toml")

@@ -102,10 +102,14 @@ def _is_aot(v: Any) -> bool:
 def _copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     if src.is_dir():
-        # symlinks=False: a source folder's links are copied as the files they point to, so an
-        # imported task never carries a link that leads out of it.
+        # Links are copied as the files they point to (the imported task carries no link), so a
+        # link leading out of the copied folder would copy outside files in (a host's secrets, or
+        # the hidden tests into the workspace): refuse it.
+        check_tree(src, str(src))
         shutil.copytree(src, dest, symlinks=False, dirs_exist_ok=True)
     else:
+        if src.is_symlink() and not src.resolve().is_relative_to(src.parent.resolve()):
+            raise UserError(f"{src}: symlink points outside its folder ({os.readlink(src)})")
         shutil.copyfile(src, dest)
 
 

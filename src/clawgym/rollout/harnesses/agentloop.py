@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, exit_text
 
 SYSTEM_PROMPT = (
     "You are an agent working in a Linux workspace (your current directory). "
@@ -73,7 +73,9 @@ class AgentLoop:
                 "--temperature", str(self.temperature), "--model", endpoint.model]
         if self.answer_file:
             argv += ["--answer-file", self.answer_file]
-        env = {"OPENAI_BASE_URL": endpoint.base_url.rstrip("/") + "/v1", "OPENAI_API_KEY": endpoint.api_key}
+        env = {"OPENAI_BASE_URL": endpoint.base_url.rstrip("/") + "/v1", "OPENAI_API_KEY": endpoint.api_key,
+               # the same clawgym as the runner's, whatever the sandbox's Python would find first
+               "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
         return Launch(argv=argv + ["--", instruction], env=env)
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
@@ -86,7 +88,7 @@ class AgentLoop:
             return Outcome("ok", final_message=final)
         if exit_code == EXIT_ENDPOINT_FAILED:
             return Outcome("infra_error", _last_line(stderr) or "model endpoint failed")
-        return Outcome("harness_error", f"exit code {exit_code}: {_last_line(stderr)}")
+        return Outcome("harness_error", exit_text(exit_code, _last_line(stderr)))
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         # Only the compaction call goes out without tools.

@@ -71,6 +71,21 @@ class Harness(Protocol):
         ...
 
 
+def exit_text(exit_code: int, detail: str = "") -> str:
+    """`exit code N` (with the signal's name when a shell or bwrap reports a kill as 128+N, or the
+    code is negative), then the detail if there is one: the message of a harness_error."""
+    import signal
+
+    text = f"exit code {exit_code}"
+    num = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 160 else 0
+    if num:
+        try:
+            text += f" (killed by {signal.Signals(num).name})"
+        except ValueError:
+            pass
+    return f"{text}: {detail}" if detail else text
+
+
 def classify_by_tools(tool_names: list[str], main_tool_names: list[str]) -> str:
     """The common rule: no tools → an auxiliary call (titles, summaries of text); tools other than
     the main agent's → a subagent (harnesses give subagents their own tool sets); else main."""

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text
 
 VERSION = "2.1.197"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
@@ -72,7 +72,7 @@ class ClaudeCode:
             return Outcome("ok", "turn limit reached")  # scored as is, like a timeout
         if any(s in (stdout + stderr) for s in ("api_retry", "API Error", "Connection error")):
             return Outcome("infra_error", f"model endpoint failed: {str(text)[:300]}")
-        return Outcome("harness_error", f"exit code {exit_code}: {str(text)[:300]}")
+        return Outcome("harness_error", exit_text(exit_code, str(text)[:300]))
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         text = last_user_text.lower()

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text
 
 VERSION = "0.171.0"
 PACKAGE = f"@openai/codex@{VERSION}"
@@ -87,9 +87,11 @@ class Codex:
             return Outcome("ok", final_message=messages[-1] if messages else None)
         failed = [e for e in events if e.get("type") in ("turn.failed", "error")]
         text = json.dumps(failed[-1])[:300] if failed else (stderr.strip().splitlines() or [""])[-1][:300]
-        if any(s in text.lower() for s in ("stream disconnected", "connection", "error sending request", "429", "500", "503")):
+        # the proxy's "overloaded" (an engine failure) reads "Selected model is at capacity", and Codex does not retry it
+        if any(s in text.lower() for s in ("stream disconnected", "connection", "error sending request", "at capacity",
+                                           "overloaded", "429", "500", "503")):
             return Outcome("infra_error", f"model endpoint failed: {text}")
-        return Outcome("harness_error", f"exit code {exit_code}: {text}")
+        return Outcome("harness_error", exit_text(exit_code, text))
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         if any(m in last_user_text.lower() for m in _COMPACTION_MARKERS):

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text
 
 VERSION = "2026.9.6"
 PACKAGE = f"openclaw@{VERSION}"
@@ -66,13 +66,7 @@ class OpenClaw:
         return Launch(argv=argv, env=env, files={"openclaw.json5": json.dumps(config, indent=2)})
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
-        result = None
-        for line in reversed(stdout.strip().splitlines()):
-            try:
-                result = json.loads(line)
-                break
-            except json.JSONDecodeError:
-                continue
+        result = _last_json_object(stdout)
         if exit_code == 0 and isinstance(result, dict) and result.get("ok"):
             return Outcome("ok", final_message=result.get("final"))
         if exit_code == 2:
@@ -80,9 +74,28 @@ class OpenClaw:
         text = json.dumps(result)[:300] if result else (stderr.strip().splitlines() or [""])[-1][:300]
         if any(s in text.lower() for s in ("econnrefused", "fetch failed", "overloaded", "503", "529")):
             return Outcome("infra_error", f"model endpoint failed: {text}")
-        return Outcome("harness_error", f"exit code {exit_code}: {text}")
+        return Outcome("harness_error", exit_text(exit_code, text))
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         if any(m in last_user_text.lower() for m in _COMPACTION_MARKERS):
             return "compaction"
         return classify_by_tools(tool_names, main_tool_names)
+
+
+def _last_json_object(stdout: str) -> dict | None:
+    """The last JSON object on stdout. `--json` pretty-prints it over many lines (and may follow
+    other output), so read from each line that opens an object, last first, to a full document."""
+    decoder = json.JSONDecoder()
+    offsets, pos = [], 0
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith("{"):
+            offsets.append(pos)
+        pos += len(line)
+    for off in reversed(offsets):
+        try:
+            obj, _ = decoder.raw_decode(stdout, off)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
