@@ -67,3 +67,12 @@ def test_harness_options_and_engine_options_are_kept(tmp_path: Path) -> None:
     r = load_recipe(_recipe(tmp_path, '[rollout.agentloop]\nmax_tokens = 8\n\n[engine]\nname = "scripted"\nscript = "s.jsonl"\n'))
     assert r.rollout.harness_options == {"agentloop": {"max_tokens": 8}}
     assert r.engine.name == "scripted" and r.engine.options == {"script": "s.jsonl"}
+
+
+def test_ray_section_reaches_the_rollout_config(tmp_path: Path) -> None:
+    from clawgym.loop import _rollout_config
+
+    r = load_recipe(_recipe(tmp_path, '[ray]\naddress = "local"\nnum_cpus = 0.5\n'))
+    cfg = _rollout_config(r, tmp_path / "out", 1, 0)
+    assert (cfg.ray, cfg.ray_num_cpus) == ("local", 0.5)
+    assert '[ray]\naddress = "local"\nnum_cpus = 0.5' in recipe_to_toml(r)

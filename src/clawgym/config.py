@@ -9,6 +9,7 @@
     [train]    any `clawgym train` option (algo, lr, epochs, minibatches, tis, kl_coef, ...)
     [eval]     every (steps; 0 = never), tasks, n, harnesses
     [offline]  from_run: train on a finished run's saved trees instead of collecting rollouts
+    [ray]      address, num_cpus: fan each step's rollouts out as Ray tasks
 
 Every key is checked: an unknown section or key, or a value of the wrong type, is a `UserError`
 naming the file, the section and the key. Paths are relative to the recipe's folder. The resolved
@@ -80,6 +81,14 @@ class EvalSection:
 
 
 @dataclass
+class RaySection:
+    address: str | None = None
+    """run each rollout as a Ray task: auto | local | HOST:PORT | ray://HOST:PORT (docs/scale.md)"""
+    num_cpus: float = 1.0
+    """CPUs each rollout task asks Ray for"""
+
+
+@dataclass
 class OfflineSection:
     from_run: Path | None = None
 
@@ -96,6 +105,7 @@ class Recipe:
     """TrainConfig fields (validated against it)"""
     eval: EvalSection
     offline: OfflineSection
+    ray: RaySection
 
     @property
     def run_dir(self) -> Path:
@@ -103,7 +113,7 @@ class Recipe:
 
 
 _SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, "rollout": RolloutSection,
-             "trees": TreesSection, "eval": EvalSection, "offline": OfflineSection}
+             "trees": TreesSection, "eval": EvalSection, "offline": OfflineSection, "ray": RaySection}
 # TrainConfig fields a recipe may not set: the loop fills them per step.
 _TRAIN_FILLED = {"trees", "rollouts", "model", "out", "metrics", "resume", "force"}
 
@@ -245,6 +255,7 @@ def recipe_to_toml(r: Recipe) -> str:
     table("train", r.train)
     table("eval", dataclasses.asdict(r.eval))
     table("offline", dataclasses.asdict(r.offline))
+    table("ray", dataclasses.asdict(r.ray))
     return "\n".join(lines)
 
 
