@@ -18,7 +18,7 @@ import hmac
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from aiohttp import web
@@ -178,3 +178,18 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
     r.add_post("/admin/reload", authed(reload))
     r.add_get("/admin/health", authed(health))
     r.add_get("/admin/metrics", authed(metrics))
+
+
+def wait_settled(status: Callable[[], dict], timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict | None:
+    """Poll a rollout's admin status until nothing is in flight and its record count held across
+    `checks` polls (paper §3.4); the settled status, or None when `timeout` seconds passed first."""
+    deadline, last, same = time.monotonic() + timeout, None, 0
+    while time.monotonic() < deadline:
+        st = status()
+        key = (st["calls_recorded"], st["calls_started"])
+        same = same + 1 if st["in_flight"] == 0 and key == last else 0
+        if same >= checks:
+            return st
+        last = key
+        time.sleep(interval)
+    return None

@@ -450,16 +450,12 @@ class ProxyThread:
 
     def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.02) -> dict:
         """Wait until the rollout has nothing in flight and its record count held across `checks` polls (paper §3.4)."""
-        deadline, last, same = time.time() + timeout, None, 0
-        while time.time() < deadline:
-            st = self.admin("GET", f"/admin/rollouts/{rollout_id}")
-            key = (st["calls_recorded"], st["calls_started"])
-            same = same + 1 if st["in_flight"] == 0 and key == last else 0
-            if same >= checks:
-                return st
-            last = key
-            time.sleep(interval)
-        raise TimeoutError(f"rollout {rollout_id} did not settle within {timeout}s")
+        from clawgym.proxy.admin import wait_settled
+
+        st = wait_settled(lambda: self.admin("GET", f"/admin/rollouts/{rollout_id}"), timeout, checks, interval)
+        if st is None:
+            raise TimeoutError(f"rollout {rollout_id} did not settle within {timeout}s")
+        return st
 
     def __exit__(self, *exc: Any) -> None:
         try:

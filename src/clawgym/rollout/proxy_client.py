@@ -10,11 +10,10 @@ unchanged across several checks.
 from __future__ import annotations
 
 import contextlib
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 from urllib.parse import urlparse
 
 import orjson
@@ -61,16 +60,12 @@ class ProxyClient:
         return self.admin("POST", "/admin/rollouts", {"rollout_id": rollout_id})
 
     def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict:
-        deadline, last, same, st = time.monotonic() + timeout, None, 0, {}
-        while time.monotonic() < deadline:
-            st = self.admin("GET", f"/admin/rollouts/{rollout_id}")
-            key = (st["calls_recorded"], st["calls_started"])
-            same = same + 1 if st["in_flight"] == 0 and key == last else 0
-            if same >= checks:
-                return st
-            last = key
-            time.sleep(interval)
-        raise ProxyUnavailable(f"rollout {rollout_id} did not settle within {timeout:.0f} s (last status {st})")
+        from clawgym.proxy.admin import wait_settled
+
+        st = wait_settled(lambda: self.admin("GET", f"/admin/rollouts/{rollout_id}"), timeout, checks, interval)
+        if st is None:
+            raise ProxyUnavailable(f"rollout {rollout_id} did not settle within {timeout:.0f} s")
+        return st
 
     def close_rollout(self, rollout_id: str) -> None:
         try:
