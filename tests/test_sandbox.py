@@ -25,9 +25,9 @@ NAMESPACE_MODES = [
 ALL_MODES = [*NAMESPACE_MODES, "blackhole"]
 
 
-def marked_pids(sandbox_id: str) -> list[int]:
+def marked_pids(marker: str) -> list[int]:
     """Live processes carrying the sandbox's marker in their environment."""
-    needle = f"{MARKER}={sandbox_id}\0".encode()
+    needle = f"{MARKER}={marker}\0".encode()
     out = []
     for e in os.listdir("/proc"):
         if e.isdigit():
@@ -97,7 +97,7 @@ def test_timeout_kills_whole_group(tmp_path: Path, mode: str) -> None:
         t0 = time.monotonic()
         r = sb.run(["sh", "-c", "trap '' TERM; sleep 300 & sleep 300 & wait"], timeout=1)
         assert r.timed_out and r.exit_code is None and time.monotonic() - t0 < 10
-        assert marked_pids(sb.id) == []
+        assert marked_pids(sb.marker) == []
 
 
 def test_escaped_daemon_is_killed_at_close(cfg: SandboxConfig) -> None:
@@ -105,10 +105,10 @@ def test_escaped_daemon_is_killed_at_close(cfg: SandboxConfig) -> None:
     r = sb.run(["sh", "-c", "setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo started"], timeout=10)
     assert r.exit_code == 0
     time.sleep(0.2)
-    assert len(marked_pids(sb.id)) == 1  # left the process group with setsid
+    assert len(marked_pids(sb.marker)) == 1  # left the process group with setsid
     sb.close()
     time.sleep(0.1)
-    assert marked_pids(sb.id) == []
+    assert marked_pids(sb.marker) == []
 
 
 def test_close_removes_files_and_is_idempotent(cfg: SandboxConfig) -> None:
@@ -287,3 +287,24 @@ def test_docker_without_engine_is_a_clear_error(tmp_path: Path) -> None:
         pytest.skip("a Docker engine runs here")
     with pytest.raises(SandboxError, match="no Docker engine reachable"):
         open_sandbox("docker", None, SandboxConfig(base_dir=tmp_path / "sb"))
+
+
+def test_two_sandboxes_with_the_same_id_do_not_kill_each_others_processes(tmp_path: Path) -> None:
+    # Two runs on one machine use the same rollout ids; closing one sandbox must leave the other's
+    # processes alone (its marker is unique, not the id).
+    import threading
+
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network="blackhole")
+    a, b = open_sandbox("local", None, cfg, sandbox_id="same.id.0"), open_sandbox("local", None, cfg, sandbox_id="same.id.0")
+    try:
+        assert a.marker != b.marker
+        result = {}
+        t = threading.Thread(target=lambda: result.setdefault("b", b.run(["sleep", "3"], timeout=30)))
+        t.start()
+        time.sleep(0.5)
+        a.close()
+        t.join()
+        assert result["b"].exit_code == 0 and not result["b"].cancelled
+    finally:
+        a.close()
+        b.close()

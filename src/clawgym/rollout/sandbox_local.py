@@ -119,6 +119,9 @@ class LocalSandbox:
         try:
             config.base_dir.mkdir(parents=True, exist_ok=True)
             self.root = Path(tempfile.mkdtemp(prefix=f"{self.id}-", dir=config.base_dir)).resolve()
+            # The marker that close() finds stray processes by must be unique on this machine: two
+            # runs may use the same sandbox id (the same rollout ids), and must not kill each other's.
+            self.marker = self.root.name
         except OSError as e:
             raise SandboxError(f"cannot create a sandbox folder under {config.base_dir}: {e}") from None
         try:
@@ -162,7 +165,7 @@ class LocalSandbox:
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(self.home), "TMPDIR": str(self.tmp), "TMP": str(self.tmp), "TEMP": str(self.tmp),
             "LANG": "C.UTF-8", "TERM": "dumb", "USER": os.environ.get("USER", "clawgym"),
-            MARKER: self.id, "CLAWGYM_WORKSPACE": str(self.workspace),
+            MARKER: self.marker, "CLAWGYM_WORKSPACE": str(self.workspace),
         }
         if self.blackhole is not None:
             for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
@@ -203,7 +206,7 @@ class LocalSandbox:
         if not cmd:
             raise SandboxError("run: empty command")
         full_env = {**self.base_env(), **(env or {})}
-        full_env[MARKER] = self.id  # the caller cannot drop the marker that close() relies on
+        full_env[MARKER] = self.marker  # the caller cannot drop the marker that close() relies on
         work = (self.workspace / cwd).resolve() if cwd else self.workspace
         if not work.is_relative_to(self.root):
             raise SandboxError(f"run: cwd {cwd!r} is outside the sandbox")
@@ -264,7 +267,7 @@ class LocalSandbox:
         self._killpg(p.pid, signal.SIGKILL)
 
     def _marked(self) -> list[int]:
-        needle = f"{MARKER}={self.id}\0".encode()
+        needle = f"{MARKER}={self.marker}\0".encode()
         out = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
