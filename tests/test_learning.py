@@ -1,8 +1,9 @@
 """The policy learns, through the full black-box path: agentloop subprocess → proxy → records → trees → train → reload.
 
-A smaller variant of recipes/quickstart.toml (4 toy tasks × 8 samples, fixed seeds) run by the real
-`clawgym run`. The toy tasks score how purely the agent's final answer is digits; the random tiny
-policy starts near 0.05.
+The quickstart's settings (8 toy tasks × 8 samples, lr 0.03, fixed seeds) run by the real
+`clawgym run` for 10 steps. The toy tasks score how purely the agent's final answer is digits; the
+random tiny policy starts near 0.05. Smaller batches (32 rollouts) at a higher rate learned in most
+runs but sometimes collapsed first, so the test keeps the quickstart's batch.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ def rewards(run_dir: Path) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo,extra", [("grpo", ""), ("ppo", "value_lr = 0.01\nvalue_warmup_steps = 4")])
-def test_policy_learns_the_toy_tasks(tmp_path: Path, algo: str, extra: str) -> None:
-    recipe = write_toy_recipe(tmp_path, f"learn-{algo}", algo=algo, steps=STEPS, n=8, tasks=4, train_extra=extra)
+def test_policy_learns_the_toy_tasks(tmp_path: Path) -> None:
+    algo = "grpo"
+    recipe = write_toy_recipe(tmp_path, f"learn-{algo}", algo=algo, steps=STEPS, n=8, tasks=8, lr=0.03)
     r = run(str(recipe), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / f"learn-{algo}"
@@ -47,7 +48,7 @@ def test_policy_learns_the_toy_tasks(tmp_path: Path, algo: str, extra: str) -> N
     for step in range(1, STEPS + 1):
         rollouts = A.read_table(run_dir / f"step-{step:04d}" / "rollouts.parquet", A.RolloutRecord)
         calls = A.read_table(run_dir / f"step-{step:04d}" / "calls.parquet", A.CallRecord)
-        assert len(rollouts) == 32 and {r.status for r in rollouts} == {"ok"}
+        assert len(rollouts) == 64 and {r.status for r in rollouts} == {"ok"}
         assert {c.policy_version for c in calls} == {step - 1}
     assert (run_dir / "plots" / "reward.png").stat().st_size > 1000
     assert (run_dir / "checkpoints" / f"step-{STEPS:04d}" / "model.safetensors").exists()

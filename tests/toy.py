@@ -10,7 +10,8 @@ TOY = ROOT / "recipes" / "tasks" / "toy"
 
 
 def write_toy_recipe(tmp: Path, name: str, *, algo: str = "grpo", steps: int, n: int, tasks: int,
-                     harnesses: str = '["agentloop"]', max_tokens: int = 8, concurrency: int = 8, train_extra: str = "") -> Path:
+                     harnesses: str = '["agentloop"]', max_tokens: int = 8, concurrency: int = 8, lr: float = 0.05,
+                     train_extra: str = "") -> Path:
     """tmp/NAME.toml training the tiny model on the first `tasks` toy tasks (copied to tmp/tasks)."""
     dest = tmp / "tasks"
     for d in sorted(TOY.iterdir())[:tasks]:
@@ -39,7 +40,7 @@ max_tokens = {max_tokens}
 
 [train]
 algo = "{algo}"
-lr = 0.05
+lr = {lr}
 {train_extra}
 """)
     return path
