@@ -16,6 +16,7 @@ Failures of the sandbox itself raise `SandboxError`; the rollout runner records 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,14 @@ class ProxyEndpoint:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+
+def seed_workspace(seed: Path | None, workspace: Path) -> None:
+    """A rollout's fresh workspace: a copy of the task's seed folder (links kept as links), or empty."""
+    if seed is not None and Path(seed).is_dir():
+        shutil.copytree(seed, workspace, symlinks=True)
+    else:
+        workspace.mkdir()
 
 
 def default_base_dir() -> Path:

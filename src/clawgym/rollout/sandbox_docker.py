@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from clawgym.rollout.sandbox import RunResult, SandboxConfig, SandboxError
+from clawgym.rollout.sandbox import RunResult, SandboxConfig, SandboxError, seed_workspace
 from clawgym.rollout.sandbox_local import MARKER, RELAY, _limit_args, _rmtree
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
@@ -60,10 +60,7 @@ class DockerSandbox:
 
         self.workspace, self.tests, self.logs = self.root / "workspace", self.root / "tests", self.root / "logs"
         self.harbor_logs, self.net, self.files = self.root / "harbor-logs", self.root / "net", self.root / "files"
-        if seed is not None and Path(seed).is_dir():
-            shutil.copytree(seed, self.workspace, symlinks=True)
-        else:
-            self.workspace.mkdir()
+        seed_workspace(seed, self.workspace)
         for d in (self.tests, self.logs, self.harbor_logs / "verifier", self.harbor_logs / "agent", self.net, self.files, self.root / "home"):
             d.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(RELAY, self.net / "relay.py")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from clawgym.rollout import sandbox_net
-from clawgym.rollout.sandbox import Limits, RunResult, SandboxConfig, SandboxError
+from clawgym.rollout.sandbox import seed_workspace, Limits, RunResult, SandboxConfig, SandboxError
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 RELAY = Path(sandbox_net.__file__).resolve()
@@ -133,10 +133,7 @@ class LocalSandbox:
     def _setup(self, seed: Path | None) -> None:
         self.workspace, self.home, self.tmp = self.root / "workspace", self.root / "home", self.root / "tmp"
         self.logs, self.net, self.tests = self.root / "logs", self.root / "net", self.root / "tests"
-        if seed is not None and Path(seed).is_dir():
-            shutil.copytree(seed, self.workspace, symlinks=True)
-        else:
-            self.workspace.mkdir()
+        seed_workspace(seed, self.workspace)
         for d in (self.home, self.tmp, self.logs, self.net):
             d.mkdir()
         self.network = resolve_network(self.config.network)
