@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from clawgym.rollout import sandbox_net
-from clawgym.rollout.sandbox import seed_workspace, Limits, RunResult, SandboxConfig, SandboxError
+from clawgym.rollout.sandbox import Limits, RunResult, SandboxConfig, SandboxError, seed_workspace
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 RELAY = Path(sandbox_net.__file__).resolve()
