@@ -78,6 +78,20 @@ def test_value_loss_and_ppo_advantages():
     assert adv.tolist() == pytest.approx([0.8, 0.1, 0.5]) and not adv.requires_grad
 
 
+def test_whiten_centres_and_scales_by_the_weighted_batch():
+    adv = torch.tensor([-0.05, -0.05, 0.95, 0.0])
+    w = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    out = L.whiten(adv, w)
+    assert float((w * out).sum()) == pytest.approx(0.0, abs=1e-6)
+    assert float((w * out**2).sum()) == pytest.approx(1.0, rel=1e-5)
+    assert out[2] > 0 > out[0]  # the rare success pulls up, the rest down, whatever V's offset
+    shifted = L.whiten(adv + 0.7, w)  # a value model off by a constant changes nothing
+    assert shifted.tolist() == pytest.approx(out.tolist(), abs=1e-5)
+    skew = L.whiten(adv, torch.tensor([0.7, 0.1, 0.1, 0.1]))  # weights decide the mean
+    assert float((torch.tensor([0.7, 0.1, 0.1, 0.1]) * skew).sum()) == pytest.approx(0.0, abs=1e-6)
+    assert L.whiten(torch.full((3,), 0.4), torch.full((3,), 1 / 3)).tolist() == [0.0, 0.0, 0.0]
+
+
 def test_aggregation_weights_token_and_rollout_mean():
     seq = torch.tensor([0, 0, 0, 1])
     assert L.aggregation_weights(seq, "token-mean").tolist() == pytest.approx([0.25] * 4)

@@ -76,6 +76,8 @@ class TrainConfig:
     value_lr: float = 1e-5
     value_warmup_steps: int = 0
     """PPO: value-only updates over the batch before the policy moves"""
+    norm_adv: bool = True
+    """PPO: whiten A_t = R − V(s_t) over the batch (weighted mean 0, std 1) before the update"""
     min_reward: float = 1.0
     """SFT: train on rollouts whose reward is at least this"""
     seed: int = 0
@@ -219,7 +221,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     policy, optimizer = accelerator.prepare(policy, optimizer)
     value = value_opt = None
     if cfg.algo == "ppo":
-        value, _fresh = load_value_model(src, attn)
+        value, fresh_value = load_value_model(src, attn)
         value_opt = torch.optim.AdamW(value.parameters(), lr=cfg.value_lr, weight_decay=0.0)
         ckpt.load_optimizer(value_opt, src / VALUE_DIR / ckpt.OPTIMIZER_FILE)
         value, value_opt = accelerator.prepare(value, value_opt)
@@ -256,13 +258,23 @@ def train(cfg: TrainConfig) -> TrainResult:
     logp_rollout = [t.rollout_logprobs[t.trainable] for t in trees]  # trainable tokens only are scored
     returns = [torch.full((t.n_trainable,), signal[t.rollout_id], dtype=torch.float32) for t in trees]
 
-    # 6) [PPO] Fit a fresh value model first, then A_t = R − V(s_t); GRPO/SFT broadcast per rollout.
+    # 6) [PPO] A fresh value model starts at the batch's mean return and is fitted before the policy
+    #    moves; then A_t = R − V(s_t), whitened over the batch. GRPO/SFT broadcast per rollout.
     warmup_losses: list[float] = []
+    all_rows = list(range(len(trees)))
+    batch_w = _token_weights(trees, all_rows, cfg.aggregation)  # Σ = 1 over the whole batch
     if value is not None and not resuming:
+        if fresh_value:
+            accelerator.unwrap_model(value).start_at(float(sum((batch_w[i] * returns[i]).sum() for i in all_rows)))
         for _ in range(cfg.value_warmup_steps):
-            warmup_losses.append(_value_step(value, value_opt, accelerator, trees, list(range(len(trees))), returns, cfg, attention, dev))
+            warmup_losses.append(_value_step(value, value_opt, accelerator, trees, all_rows, returns, cfg, attention, dev))
         batch["values"] = _score_all(value, trees, budget, attention, accelerator)
-    advantages = ([L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)] if value is not None else returns)
+    advantages = returns
+    if value is not None:
+        advantages = [L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)]
+        if cfg.norm_adv:
+            flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
+            advantages = list(flat.split([t.n_trainable for t in trees]))
 
     if resuming and metrics_path.exists():
         # Lines written after the checkpoint we resume from would be repeated: drop them.

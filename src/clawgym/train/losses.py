@@ -112,6 +112,18 @@ def ppo_advantages(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
     return returns - values.detach()
 
 
+def whiten(adv: torch.Tensor, weights: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(A − mean) / std over a batch, both weighted by the aggregation weights w (Σ w = 1). [T], [T] → [T].
+
+    PPO's advantage normalization (as in cleanrl's norm_adv): it keeps the step size independent of
+    the reward scale and centres the batch, so a value model that is still off by a constant does
+    not push every token the same way. A batch with no spread comes back all zeros.
+    """
+    mean = (weights * adv).sum()
+    std = (weights * (adv - mean) ** 2).sum().sqrt()
+    return (adv - mean) / std if std > eps else torch.zeros_like(adv)
+
+
 def aggregation_weights(seq_index: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
     """Weights w [T] with Σ w = 1 so that Σ w·loss aggregates a minibatch's token losses.
 

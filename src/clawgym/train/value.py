@@ -7,8 +7,12 @@ the advantage is A_t = R − V(s_t) and the value target of every state is the r
 
 The value model has its own checkpoint, a `value/` folder inside the policy checkpoint:
 the backbone in HF format (`config.json` + `model.safetensors`) plus `value_head.safetensors`.
-A fresh value model starts from the policy's backbone with a zero head, so V ≡ 0 until the
-warm-up stage (`--value-warmup-steps`) fits it to the rewards before the policy moves.
+A fresh value model starts from the policy's backbone with a zero-weight head whose bias is the
+batch's mean return (`start_at`), so V is the best constant before any update; the warm-up stage
+(`--value-warmup-steps`) then fits it to the rewards before the policy moves. Starting at zero
+instead (or letting Adam find the constant) overshoots: Adam moves every head weight by ~lr at
+once, which shifts V by ~lr × hidden size, so V sat near 0.7 against rewards near 0.05 and every
+early advantage was negative.
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ class ValueModel(torch.nn.Module):
         ).last_hidden_state  # [B, L, H]
         h = hidden.reshape(-1, hidden.shape[-1])[mb.pred_index]  # [T, H]: the state before each scored token
         return self.head(h.float()).squeeze(-1)  # [T]
+
+    @torch.no_grad()
+    def start_at(self, mean_return: float) -> None:
+        """A fresh head: V ≡ `mean_return` (weights zero, bias the mean), the least-squares constant."""
+        self.head.weight.zero_()
+        self.head.bias.fill_(mean_return)
 
     def save(self, path: Path) -> None:
         """Write the backbone in HF format and the head beside it."""
