@@ -85,6 +85,7 @@ def test_rollouts_run_as_ray_tasks_and_gather_into_the_run_dir(ray_local, tmp_pa
     assert sorted(p.name for p in (out / "records").glob("*.jsonl")) == sorted(f"{r}.jsonl" for r in by_id)
     assert len(A.read_table(out / "rollouts.parquet", A.RolloutRecord)) == 4
     assert json.loads((out / "rollout.config.json").read_text())["ray"] == "local"
+    assert all("/ray:" in r.node for r in summary.rollouts)  # each row says which Ray node ran it
 
 
 def test_a_dead_worker_is_an_infra_error_and_the_others_are_kept(ray_local, tmp_path: Path, tiny_model: Path, monkeypatch):

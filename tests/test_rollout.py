@@ -111,10 +111,13 @@ def test_engine_failure_is_an_infra_error_and_a_rerun_resumes(tmp_path: Path, ti
     failed_calls = [c for c in A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord) if c.rollout_id == "hello.agentloop.1"]
     assert failed_calls and {c.status for c in failed_calls} == {"engine_error"}  # the harness's retries are recorded
 
-    # A rerun into the same folder skips what finished and keeps every rollout once.
+    # A rerun into the same folder keeps what finished, runs the infra_error one again (here it fails
+    # again: the script still errs), and keeps every rollout once.
     again = run_rollouts(cfg)
     assert sorted(r.rollout_id for r in again.rollouts) == ["hello.agentloop.0", "hello.agentloop.1"]
-    assert len(A.read_jsonl(tmp_path / "out" / "results.jsonl").records) == 2
+    lines = [r["rollout_id"] for r in A.read_jsonl(tmp_path / "out" / "results.jsonl").records]
+    assert sorted(lines) == ["hello.agentloop.0", "hello.agentloop.1", "hello.agentloop.1"]
+    assert {r.rollout_id: r for r in again.rollouts}["hello.agentloop.0"] == by_id["hello.agentloop.0"]
 
 
 def test_bad_input_is_one_clear_error(tmp_path: Path, tiny_model: Path) -> None:
@@ -126,3 +129,16 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, tiny_model: Path) -> None:
     make_task(tmp_path / "tasks", "hello")
     with pytest.raises(UserError, match="--proxy URL with --admin-token and --records"):
         run_rollouts(RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "o"))
+
+
+def test_a_proxy_on_every_interface_is_advertised_at_a_reachable_address() -> None:
+    import socket
+
+    from clawgym.rollout.proxy_client import reachable_host
+
+    assert reachable_host("127.0.0.1") == "127.0.0.1" and reachable_host("10.1.2.3") == "10.1.2.3"
+    with socket.create_server(("0.0.0.0", 0)) as server:
+        host = reachable_host("0.0.0.0")
+        assert host not in ("0.0.0.0", "::", "")
+        with socket.create_connection((host, server.getsockname()[1]), timeout=5):
+            pass

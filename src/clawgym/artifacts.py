@@ -133,6 +133,8 @@ class RolloutRecord:
     """the task's category, for per-category tables"""
     step: int = 0
     error: str = ""
+    node: str = ""
+    """where it ran: the host name, and under --ray the Ray node id (host/ray:ID)"""
 
     KIND: ClassVar[str] = "rollouts"
     SCHEMA: ClassVar[pa.Schema]
@@ -223,6 +225,7 @@ RolloutRecord.SCHEMA = pa.schema(
         ("category", pa.string()),
         ("step", pa.int64()),
         ("error", pa.string()),
+        ("node", pa.string()),
     ]
 )
 

@@ -149,6 +149,7 @@ def rollout(
     judge_model: str = typer.Option("judge", help="The judge's model name."),
     step: int = typer.Option(0, help="Step number recorded on each rollout."),
     ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each rollout as a Ray task on this cluster: auto, local, HOST:6379 or ray://HOST:10001 (docs/scale.md)."),
+    proxy_host: str = typer.Option("127.0.0.1", help="Where the in-process proxy (--model) listens; 0.0.0.0 lets the nodes of a Ray cluster reach it."),
 ) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
@@ -169,7 +170,7 @@ def rollout(
     cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
-                        step=step, verifier=verifier, ray=ray)
+                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host)
     summary = run_rollouts(cfg, err)
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
@@ -227,6 +228,7 @@ def train(
     max_grad_norm: float = typer.Option(1.0, help="Gradient clipping norm."),
     value_lr: float = typer.Option(1e-5, help="PPO: value model learning rate."),
     value_warmup_steps: int = typer.Option(0, help="PPO: value-only updates before the policy moves."),
+    norm_adv: bool = typer.Option(True, "--norm-adv/--no-norm-adv", help="PPO: whiten the advantages over the batch."),
     min_reward: float = typer.Option(1.0, help="SFT: keep rollouts with at least this reward."),
     seed: int = typer.Option(0, help="Seed for minibatch order."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted call from the checkpoint in --out."),

@@ -86,6 +86,8 @@ class RaySection:
     """run each rollout as a Ray task: auto | local | HOST:PORT | ray://HOST:PORT (docs/scale.md)"""
     num_cpus: float = 1.0
     """CPUs each rollout task asks Ray for"""
+    proxy_host: str = "127.0.0.1"
+    """where the run's proxy listens: 0.0.0.0 on a multi-node cluster, so the worker nodes reach it"""
 
 
 @dataclass

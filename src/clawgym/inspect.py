@@ -123,6 +123,15 @@ def summarize_rollouts(table, console: Console) -> None:
         for h, rs in sorted(by_harness.items()):
             t.add_row(h, str(len(rs)), f"{statistics.fmean(rs):.3f}")
         console.print(t)
+    by_node: dict[str, list[A.RolloutRecord]] = collections.defaultdict(list)
+    for r in rows:
+        by_node[r.node or "-"].append(r)
+    if len(by_node) > 1:  # a Ray run: a node that fails more than its share stands out
+        t = Table("node", "rollouts", "infra_error", "mean wall time (s)", title="per node", title_justify="left")
+        for node, rs in sorted(by_node.items()):
+            t.add_row(node, str(len(rs)), str(sum(r.status == "infra_error" for r in rs)),
+                      f"{statistics.fmean(r.wall_time_s for r in rs):.1f}")
+        console.print(t)
 
 
 def summarize_trees(table, console: Console) -> None:

@@ -96,11 +96,30 @@ class ProxyClient:
 
 @contextlib.contextmanager
 def start_local_proxy(config, out: Path) -> Iterator[ProxyClient]:
-    """A proxy serving `config.model` on a free loopback port for the length of the run."""
+    """A proxy serving `config.model` on a free port of `config.proxy_host` for the length of the run."""
     from clawgym.proxy.server import ProxyConfig, ProxyThread
 
     records = Path(out) / "records"
-    pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, port=0, records_dir=records,
-                     engine_options=dict(config.engine_options), policy_version=config.policy_version)
+    pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, host=config.proxy_host, port=0,
+                     records_dir=records, engine_options=dict(config.engine_options), policy_version=config.policy_version)
     with ProxyThread(pc) as thread:
-        yield ProxyClient(thread.url, thread.server.admin_token, records)
+        url = f"http://{reachable_host(config.proxy_host)}:{thread.server.port}"
+        yield ProxyClient(url, thread.server.admin_token, records)
+
+
+def reachable_host(bind: str) -> str:
+    """The address other machines use for a server bound to `bind`: itself, or for a wildcard
+    (0.0.0.0, ::) this machine's address as Ray sees it (the one its nodes already use to reach
+    this one), else the address of the interface with the default route."""
+    if bind not in ("0.0.0.0", "::", ""):
+        return bind
+    try:
+        import ray.util
+
+        return ray.util.get_node_ip_address()
+    except ImportError:
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outbound interface
+            return s.getsockname()[0]

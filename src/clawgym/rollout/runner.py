@@ -16,7 +16,9 @@ failure is `infra_error` with a null reward, excluded from training, and so is a
 error whose last model call failed in the engine (the harness gave up on it, or was still retrying
 it). One rollout's failure never stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
 `--out` skips rollouts already in `results.jsonl`, so a killed run resumes without losing or
-duplicating a rollout; a rollout that had not finished is run again from scratch.
+duplicating a rollout; a rollout that had not finished, or ended as `infra_error` (a lost node, an
+engine outage: nothing the policy did), is run again from scratch, and its new row supersedes the
+old one (the last row of a rollout id in `results.jsonl` is the one kept).
 
 At the end the runner writes `rollouts.parquet` and `calls.parquet` (prompts delta-encoded as
 recorded, each call's role classified by its harness adapter) plus `rollout.config.json`.
@@ -26,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import socket
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -81,6 +85,8 @@ class RolloutConfig:
     """run each rollout as a Ray task on this cluster: 'auto', 'local', HOST:PORT or ray://HOST:PORT (distributed.py)"""
     ray_num_cpus: float = 1.0
     """CPUs each rollout task asks Ray for"""
+    proxy_host: str = "127.0.0.1"
+    """where the in-process proxy (`model`) listens; 0.0.0.0 lets other nodes of a Ray cluster reach it"""
 
 
 @dataclass
@@ -153,7 +159,8 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     done = {r["rollout_id"]: r for r in A.read_jsonl(results_path).records} if results_path.exists() else {}
     prefix = config.id_prefix or (f"s{config.step:04d}." if config.step else "")
     plans = [_Plan(t, h, i, prefix) for t in tasks for h in config.harnesses for i in range(config.n)]
-    todo = [p for p in plans if p.rollout_id not in done]
+    todo = [p for p in plans if p.rollout_id not in done or done[p.rollout_id]["status"] == "infra_error"]
+    done = {k: r for k, r in done.items() if r["status"] != "infra_error"}
     t0 = time.monotonic()
 
     if proxy is not None:
@@ -216,7 +223,8 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
     task, rid = plan.task, plan.rollout_id
     rec = A.RolloutRecord(rollout_id=rid, task_id=task.id, harness=plan.harness, group_id=plan.group_id,
                           sample_index=plan.sample_index, status="infra_error", reward=None, n_calls=0, wall_time_s=0.0,
-                          policy_version=config.policy_version, category=task.category, step=config.step)
+                          policy_version=config.policy_version, category=task.category, step=config.step,
+                          node=this_node())
     t0 = time.monotonic()
     sb = None
     state.started()
@@ -277,6 +285,15 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
         rec.reward = None
     rec.wall_time_s = time.monotonic() - t0
     return dataclasses.asdict(rec)
+
+
+def this_node() -> str:
+    """Where this process runs, for the rollout row: the host name, plus the Ray node id inside a Ray worker."""
+    host = socket.gethostname()
+    ray = sys.modules.get("ray")  # imported only by --ray runs
+    if ray is not None and ray.is_initialized():
+        return f"{host}/ray:{ray.get_runtime_context().get_node_id()}"
+    return host
 
 
 def infra_error_row(plan: _Plan, config: RolloutConfig, error: str) -> dict:
