@@ -1,9 +1,11 @@
 """The policy learns, through the full black-box path: agentloop subprocess → proxy → records → trees → train → reload.
 
 The quickstart's settings (8 toy tasks × 8 samples, lr 0.03, fixed seeds) run by the real
-`clawgym run` for 10 steps. The toy tasks score how purely the agent's final answer is digits; the
-random tiny policy starts near 0.05. Smaller batches (32 rollouts) at a higher rate learned in most
-runs but sometimes collapsed first, so the test keeps the quickstart's batch.
+`clawgym run` for 10 steps, once with GRPO and once with PPO (a value model: its fresh head starts
+at the batch's mean return, value lr 1e-3, 4 warm-up steps, whitened advantages). The toy tasks
+score how purely the agent's final answer is digits; the random tiny policy starts near 0.05.
+Smaller batches (32 rollouts) at a higher rate learned in most runs but sometimes collapsed first,
+so the test keeps the quickstart's batch.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ def rewards(run_dir: Path) -> list[float]:
     return [m.values["rollout/reward_mean"] for m in A.read_metrics(run_dir / "metrics.jsonl")]
 
 
+ALGOS = {"grpo": "", "ppo": "value_lr = 0.001\nvalue_warmup_steps = 4\n"}
+
+
 @pytest.mark.slow
-def test_policy_learns_the_toy_tasks(tmp_path: Path) -> None:
-    algo = "grpo"
-    recipe = write_toy_recipe(tmp_path, f"learn-{algo}", algo=algo, steps=STEPS, n=8, tasks=8, lr=0.03)
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_policy_learns_the_toy_tasks(algo: str, tmp_path: Path) -> None:
+    recipe = write_toy_recipe(tmp_path, f"learn-{algo}", algo=algo, steps=STEPS, n=8, tasks=8, lr=0.03,
+                              train_extra=ALGOS[algo])
     r = run(str(recipe), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / f"learn-{algo}"
@@ -52,3 +58,5 @@ def test_policy_learns_the_toy_tasks(tmp_path: Path) -> None:
         assert {c.policy_version for c in calls} == {step - 1}
     assert (run_dir / "plots" / "reward.png").stat().st_size > 1000
     assert (run_dir / "checkpoints" / f"step-{STEPS:04d}" / "model.safetensors").exists()
+    if algo == "ppo":  # the value model went along, step to step
+        assert (run_dir / "checkpoints" / f"step-{STEPS:04d}" / "value" / "value_head.safetensors").exists()

@@ -149,7 +149,21 @@ def test_engine_failure_is_overloaded_and_recorded(proxy):
     assert [r.status for r in recs] == ["engine_error"] * 5
     assert all(r.error == "engine exploded" and r.output_ids == [] and r.finish_reason == "error" for r in recs)
     assert [r.stream for r in recs] == [False, True, False, True, True]
-    assert proxy.admin("GET", "/admin/rollouts/engine-fails")["errors"] == 5
+    st = proxy.admin("GET", "/admin/rollouts/engine-fails")
+    assert st["errors"] == 5 and (st["last_call_status"], st["last_call_error"]) == ("engine_error", "engine exploded")
+
+
+def test_status_names_the_last_answered_call_so_remote_runners_need_no_records(proxy):
+    """A Ray worker on another node reads whether the engine failed last from the status route."""
+    reg = proxy.register("recovers", script=[{"error": "engine down"}, "fine"])
+    o = openai.OpenAI(base_url=reg["openai_base_url"], api_key=reg["api_key"], max_retries=0)
+    assert proxy.admin("GET", "/admin/rollouts/recovers")["last_call_status"] == ""  # nothing answered yet
+    with pytest.raises(openai.InternalServerError):
+        o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert proxy.settle("recovers")["last_call_status"] == "engine_error"
+    o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    st = proxy.settle("recovers")
+    assert (st["last_call_status"], st["last_call_error"]) == ("ok", "")
 
 
 def read_sse(url: str, body: dict, headers: dict) -> list[tuple[str | None, dict | str]]:

@@ -105,3 +105,4 @@ def test_a_dead_worker_is_an_infra_error_and_the_others_are_kept(ray_local, tmp_
     dead = by_id["a.agentloop.1"]
     assert dead.status == "infra_error" and dead.reward is None and "ray task failed" in dead.error
     assert all(r.status == "ok" for k, r in by_id.items() if k != "a.agentloop.1")
+

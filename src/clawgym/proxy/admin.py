@@ -1,7 +1,8 @@
 """Admin routes (admin token required) and the proxy's Prometheus metrics.
 
     POST   /admin/rollouts                 {"rollout_id"?, "role"?, "script"?: [...]} -> base URLs + API key
-    GET    /admin/rollouts/{id}            status for settling: calls recorded, in flight, last activity
+    GET    /admin/rollouts/{id}            status for settling: calls recorded, in flight, last activity,
+                                           the last answered call's status and error
     DELETE /admin/rollouts/{id}            forget a finished rollout's render state, close its file
     POST   /admin/rollouts/{id}/script     {"items": [...]} queue model texts (scripted engine)
     POST   /admin/reload                   {"checkpoint": DIR} -> new policy_version
@@ -111,7 +112,8 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
     def status(r) -> dict:
         return {"rollout_id": r.id, "role": r.role, "calls_recorded": server.recorder.count(r.id), "calls_started": r.seq,
                 "in_flight": r.in_flight, "errors": r.errors, "last_activity": r.last_activity,
-                "idle_s": round(time.time() - r.last_activity, 3), "policy_version": server.engine.policy_version}
+                "idle_s": round(time.time() - r.last_activity, 3), "policy_version": server.engine.policy_version,
+                "last_call_status": r.last_call[1], "last_call_error": r.last_call[2]}
 
     async def register(request: web.Request) -> web.Response:
         data = await body(request)

@@ -81,6 +81,8 @@ class Rollout:
     errors: int = 0
     created: float = field(default_factory=time.time)
     last_activity: float = field(default_factory=time.time)
+    last_call: tuple[int, str, str] = (-1, "", "")
+    """(seq, status, error) of the latest-started call that finished without being cancelled"""
 
 
 class ProxyServer:
@@ -347,6 +349,8 @@ class ProxyServer:
             r.last_activity = time.time()
             if call.status != "ok":
                 r.errors += 1
+            if call.status != "cancelled" and call.seq > r.last_call[0]:
+                r.last_call = (call.seq, call.status, call.error)
             self.metrics.gauge_add("clawgym_proxy_in_flight", -1)
             self.metrics.inc("clawgym_proxy_calls_total", protocol=call.proto.PROTOCOL, status=call.status)
             self.metrics.inc("clawgym_proxy_prompt_tokens_total", len(plan.prompt_ids))

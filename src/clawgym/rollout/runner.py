@@ -260,7 +260,7 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
         else:
             outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
             rec.status, rec.error, final = outcome.status, outcome.message, outcome.final_message
-        if rec.status in ("timeout", "harness_error") and (failed := _engine_failed_last(proxy, rid)):
+        if rec.status in ("timeout", "harness_error") and (failed := _engine_failed_last(status)):
             # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
             rec.status, rec.error = "infra_error", f"the model engine failed on the last call ({failed}); {rec.error}"
         blocked = sb.blocked_attempts()
@@ -305,11 +305,12 @@ def infra_error_row(plan: _Plan, config: RolloutConfig, error: str) -> dict:
     return dataclasses.asdict(rec)
 
 
-def _engine_failed_last(proxy: "ProxyClient", rollout_id: str) -> str:
-    """The engine's error if the rollout's last answered call (abandoned ones aside) failed there, else ''."""
-    calls = [c for c in proxy.collect_calls([rollout_id]) if c.status != "cancelled"]
-    last = max(calls, key=lambda c: c.seq, default=None)
-    return (last.error or "engine_error") if last is not None and last.status == "engine_error" else ""
+def _engine_failed_last(settled: dict) -> str:
+    """The engine's error if the rollout's last answered call (abandoned ones aside) failed there, else ''.
+
+    Read from the proxy's settled status rather than the records, which a Ray worker on another
+    node cannot see."""
+    return (settled.get("last_call_error") or "engine_error") if settled.get("last_call_status") == "engine_error" else ""
 
 
 def _classify(calls: list[A.CallRecord], harness_of: dict[str, Harness], model: Path | None) -> list[A.CallRecord]:
