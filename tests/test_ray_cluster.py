@@ -2,7 +2,8 @@
 nodes, each its own raylet; `clawgym rollout --ray HEAD` joins it from another process, as a user
 does, with the central proxy in that driver. Every rollout runs on a worker node, both workers
 get some, and rows, records and tables land in the run directory. Killing a worker node's raylet
-mid-step turns its rollouts into `infra_error` and a rerun resumes them on the node left.
+mid-step turns its rollouts into `infra_error` and a rerun resumes them on the node left. And
+`clawgym run` with a `[ray]` section trains a step whose rollouts ran on the worker nodes.
 
 Ray maps a 127.0.0.1 cluster address to the host's interface address unless
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (its single-machine mode), so the test sets it for every
@@ -132,3 +133,20 @@ def test_a_lost_worker_node_leaves_infra_errors_and_a_rerun_resumes_them(cluster
     assert set(again) == set(rows) and {x.status for x in again.values()} == {"ok"}
     assert {again[k].reward for k in again} == {0.0, 1.0}
     assert all(again[k].node.endswith(workers[0].node_id) for k in (x.rollout_id for x in lost))
+
+
+def test_a_recipe_with_a_ray_section_trains_on_rollouts_from_the_worker_nodes(cluster, tmp_path: Path):
+    from toy import write_toy_recipe
+
+    c, head, workers = cluster
+    recipe = write_toy_recipe(tmp_path, "ray-run", steps=1, n=4, tasks=2, concurrency=4)
+    recipe.write_text(recipe.read_text() + f'\n[ray]\naddress = "{c.address}"\nproxy_host = "0.0.0.0"\n')
+    r = subprocess.run([sys.executable, "-m", "clawgym.cli", "run", str(recipe)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, **LOOPBACK_ENV})
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "ray-run"
+    rows = A.read_table(run_dir / "step-0001" / "rollouts.parquet", A.RolloutRecord)
+    assert len(rows) == 8 and {x.status for x in rows} == {"ok"}
+    assert {x.node.split("/ray:")[-1] for x in rows} <= {w.node_id for w in workers}
+    assert (run_dir / "checkpoints" / "step-0001" / "model.safetensors").exists()
+    assert [m.step for m in A.read_metrics(run_dir / "metrics.jsonl")] == [1]
