@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import signal
@@ -37,22 +36,11 @@ from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.trees import build_rollout_tree
 
-CHECK = ("import json, sys, pathlib\nf = pathlib.Path(sys.argv[1]) / 'out.txt'\n"
-         "print(json.dumps({'out': f.exists() and f.read_text().strip() == 'hi'}))\n")
-
+from test_rollout import CHECK_HI, script, tool_call
+from test_rollout import make_task as rollout_task
 
 def make_task(root: Path, task_id: str, timeout: int = 60) -> Path:
-    d = root / task_id
-    (d / "tests").mkdir(parents=True)
-    (d / "workspace").mkdir()
-    (d / "task.toml").write_text(f'[metadata]\nid = "{task_id}"\n\n[agent]\ntimeout_sec = {timeout}\n')
-    (d / "instruction.md").write_text("Say hi.\n")
-    (d / "tests" / "check.py").write_text(CHECK)
-    return d
-
-
-def tool_call(name: str, **args) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+    return rollout_task(root, task_id, "Say hi.", timeout, check=CHECK_HI)
 
 
 def free_port() -> int:
@@ -88,14 +76,6 @@ def start_proxy(model: Path, records: Path, port: int, token: str, script: Path 
     raise RuntimeError("serve-proxy did not come up within 60 s")
 
 
-def write_script(path: Path, items: dict[str, list]) -> Path:
-    with open(path, "w") as f:
-        for rid, texts in items.items():
-            for t in texts:
-                f.write(json.dumps({"rollout_id": rid, **(t if isinstance(t, dict) else {"text": t})}) + "\n")
-    return path
-
-
 # --------------------------------------------------------------------------------------------
 # The proxy killed mid-rollout
 # --------------------------------------------------------------------------------------------
@@ -107,9 +87,9 @@ def test_proxy_sigkill_mid_rollout_then_restart(tmp_path: Path, tiny_model: Path
     make_task(tasks, "kill", timeout=60)
     ids = [f"kill.agentloop.{i}" for i in range(3)]
     # Each rollout: one call answered at once, then a call the engine holds for a minute (killed meanwhile).
-    script = write_script(tmp_path / "script.jsonl", {rid: [tool_call("bash", command=f"echo {rid} > f.txt"),
-                                                           {"text": "Done.", "delay_s": 60}] for rid in ids})
-    proxy = start_proxy(tiny_model, records, port, token, script, tmp_path / "proxy1.log")
+    s = script(tmp_path / "script.jsonl", {rid: [tool_call("bash", command=f"echo {rid} > f.txt"),
+                                                 {"text": "Done.", "delay_s": 60}] for rid in ids})
+    proxy = start_proxy(tiny_model, records, port, token, s, tmp_path / "proxy1.log")
     url = f"http://127.0.0.1:{port}"
     cfg = RolloutConfig(tasks=tasks, harnesses=["agentloop"], out=tmp_path / "out", n=3, concurrency=3, proxy_url=url,
                         admin_token=token, records=records, engine="scripted", settle_timeout_s=5)
@@ -292,7 +272,7 @@ def test_a_rollout_whose_records_were_lost_is_an_infra_error(tmp_path: Path, tin
 
     monkeypatch.setattr(A.JsonlWriter, "append", append)
     make_task(tmp_path / "tasks", "full")
-    s = write_script(tmp_path / "s.jsonl", {"full.agentloop.0": [tool_call("bash", command="true"), "Done."]})
+    s = script(tmp_path / "s.jsonl", {"full.agentloop.0": [tool_call("bash", command="true"), "Done."]})
     cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", model=tiny_model,
                         engine="scripted", engine_options={"script": str(s)})
     summary = run_rollouts(cfg)
@@ -314,7 +294,7 @@ def test_engine_error_storm_retries_recorded_and_dropped_by_build_trees(tmp_path
     boom = {"error": "engine overloaded"}
     items = {f"storm.agentloop.{i}": [boom, boom, tool_call("bash", command="echo hi > out.txt"), boom, boom, "Done."]
              for i in range(3)}
-    s = write_script(tmp_path / "s.jsonl", items)
+    s = script(tmp_path / "s.jsonl", items)
     cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", n=3, concurrency=3,
                         model=tiny_model, engine="scripted", engine_options={"script": str(s)})
     summary = run_rollouts(cfg)
@@ -376,9 +356,9 @@ def test_trainer_killed_mid_checkpoint_keeps_the_previous_one(tmp_path: Path, ti
     from clawgym.train.checkpoint import load_state, recover
 
     out = tmp_path / "ckpt" / "policy"
-    script = tmp_path / "save.py"
-    script.write_text(KILLED_SAVE)
-    r = subprocess.run([sys.executable, str(script), str(tiny_model), str(out), where], capture_output=True, text=True,
+    saver = tmp_path / "save.py"
+    saver.write_text(KILLED_SAVE)
+    r = subprocess.run([sys.executable, str(saver), str(tiny_model), str(out), where], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr[-2000:])
     assert "saved v1" in r.stdout and "saved v2" not in r.stdout
@@ -405,7 +385,7 @@ def test_sandbox_deleted_underneath_a_rollout(tmp_path: Path, tiny_model: Path) 
     from clawgym.rollout.sandbox import default_base_dir
 
     make_task(tmp_path / "tasks", "del")
-    s = write_script(tmp_path / "s.jsonl", {
+    s = script(tmp_path / "s.jsonl", {
         "del.agentloop.0": [tool_call("bash", command="sleep 4; echo hi > out.txt"), "Done."],
         "del.agentloop.1": [tool_call("bash", command="sleep 4; echo hi > out.txt"), "Done."],
     })

@@ -16,10 +16,10 @@ import pytest
 from clawgym import artifacts as A
 from clawgym.rollout.distributed import ray_problem
 
+from test_rollout import CHECK_HI, make_task, tool_call
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_problem() is not None, reason=str(ray_problem()))]
 
-CHECK = ("import json, sys, pathlib\nws = pathlib.Path(sys.argv[1])\n"
-         "print(json.dumps({'out': (ws / 'out.txt').exists() and (ws / 'out.txt').read_text().strip() == 'hi'}))\n")
 
 
 @pytest.fixture(scope="module")
@@ -36,24 +36,11 @@ def ray_local():
         ray.shutdown()
 
 
-def make_task(root: Path, task_id: str) -> None:
-    d = root / task_id
-    (d / "tests").mkdir(parents=True)
-    (d / "workspace").mkdir()
-    (d / "task.toml").write_text(f'[metadata]\nid = "{task_id}"\n\n[agent]\ntimeout_sec = 60\n')
-    (d / "instruction.md").write_text("Write hi to out.txt.\n")
-    (d / "tests" / "check.py").write_text(CHECK)
-
-
-def tool_call(name: str, **args) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
-
-
 def setup(tmp_path: Path, tiny_model: Path, **kw):
     from clawgym.rollout.runner import RolloutConfig
 
     for t in ("a", "b"):
-        make_task(tmp_path / "tasks", t)
+        make_task(tmp_path / "tasks", t, check=CHECK_HI)
     items = {}
     for t in ("a", "b"):
         for i in range(2):

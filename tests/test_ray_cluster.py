@@ -12,7 +12,6 @@ process it starts: all traffic stays on loopback. Skipped with the reason when r
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,13 +23,13 @@ import pytest
 from clawgym import artifacts as A
 from clawgym.rollout.distributed import ray_problem
 
+from test_rollout import CHECK_HI, make_task, script, tool_call
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_problem() is not None, reason=str(ray_problem()))]
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                 "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
-CHECK = ("import json, sys, pathlib\nws = pathlib.Path(sys.argv[1])\n"
-         "print(json.dumps({'out': (ws / 'out.txt').exists() and (ws / 'out.txt').read_text().strip() == 'hi'}))\n")
 
 
 @pytest.fixture
@@ -51,28 +50,15 @@ def cluster(monkeypatch):
         c.shutdown()
 
 
-def make_tasks(root: Path, ids: list[str]) -> Path:
+def make_tasks(root: Path, ids: list[str]) -> None:
     for task_id in ids:
-        d = root / task_id
-        (d / "tests").mkdir(parents=True)
-        (d / "workspace").mkdir()
-        (d / "task.toml").write_text(f'[metadata]\nid = "{task_id}"\n\n[agent]\ntimeout_sec = 60\n')
-        (d / "instruction.md").write_text("Write hi to out.txt.\n")
-        (d / "tests" / "check.py").write_text(CHECK)
-    return root
+        make_task(root, task_id, check=CHECK_HI)
 
 
 def write_script(path: Path, ids: list[str], n: int, *, delay_last: float = 0.0) -> Path:
     """Sample 0 of each task writes 'hi' (reward 1), the others 'bye' (0); each rollout ends with 'Done.'."""
-    lines = []
-    for t in ids:
-        for i in range(n):
-            rid = f"{t}.agentloop.{i}"
-            call = {"name": "write", "arguments": {"path": "out.txt", "content": "hi" if i == 0 else "bye"}}
-            lines += [{"rollout_id": rid, "text": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-                      {"rollout_id": rid, "text": "Done.", "delay_s": delay_last}]
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
+    return script(path, {f"{t}.agentloop.{i}": [tool_call("write", path="out.txt", content="hi" if i == 0 else "bye"),
+                                                {"text": "Done.", "delay_s": delay_last}] for t in ids for i in range(n)})
 
 
 def rollout_cmd(c, tmp_path: Path, tiny_model: Path, n: int, concurrency: int, *extra: str) -> list[str]:

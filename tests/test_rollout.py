@@ -21,14 +21,20 @@ CHECK_FILE = textwrap.dedent("""\
 """)
 
 
-def make_task(root: Path, task_id: str, instruction: str = "Write hi to out.txt.", timeout: int = 60) -> Path:
+CHECK_HI = ("import json, sys, pathlib\nf = pathlib.Path(sys.argv[1]) / 'out.txt'\n"
+            "print(json.dumps({'out': f.exists() and f.read_text().strip() == 'hi'}))\n")  # reward 1 or 0
+
+
+def make_task(root: Path, task_id: str, instruction: str = "Write hi to out.txt.", timeout: int = 60,
+              check: str = CHECK_FILE) -> Path:
+    """A task folder (shared by the rollout, fault and Ray tests): a seeded workspace and a hidden check."""
     d = root / task_id
     (d / "tests").mkdir(parents=True)
     (d / "workspace").mkdir()
     (d / "workspace" / "README.md").write_text("seed file\n")
     (d / "task.toml").write_text(f'[metadata]\nid = "{task_id}"\ncategory = "files"\n\n[agent]\ntimeout_sec = {timeout}\n')
     (d / "instruction.md").write_text(instruction + "\n")
-    (d / "tests" / "check.py").write_text(CHECK_FILE)
+    (d / "tests" / "check.py").write_text(check)
     return d
 
 
