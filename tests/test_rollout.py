@@ -148,3 +148,16 @@ def test_a_proxy_on_every_interface_is_advertised_at_a_reachable_address() -> No
         assert host not in ("0.0.0.0", "::", "")
         with socket.create_connection((host, server.getsockname()[1]), timeout=5):
             pass
+
+
+def test_a_proxy_on_this_machine_lends_the_runner_its_tokenizer(tmp_path: Path, tiny_model: Path) -> None:
+    """With --proxy URL (no --model), call roles are still classified from the prompts' text."""
+    from clawgym.proxy.server import ProxyConfig, ProxyThread
+    from clawgym.rollout.proxy_client import ProxyClient
+
+    pc = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path / "records")
+    with ProxyThread(pc) as thread:
+        cfg = RolloutConfig(tasks=tmp_path, harnesses=["agentloop"], out=tmp_path / "out", proxy_url=thread.url,
+                            admin_token=thread.server.admin_token, records=tmp_path / "records")
+        with ProxyClient.connect(cfg) as client:
+            assert client.model_dir == Path(tiny_model).resolve()

@@ -163,6 +163,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
 
     async def health(request: web.Request) -> web.Response:
         return _json({"status": "ok", "engine": server.config.engine, "model": server.model_name,
+                      "model_dir": str(Path(server.config.model_dir).resolve()),
                       "policy_version": server.engine.policy_version, "max_context": server.engine.max_context,
                       "rollouts": len(server.rollouts), "in_flight": sum(r.in_flight for r in server.rollouts.values())})
 

@@ -27,8 +27,10 @@ class ProxyUnavailable(Exception):
 
 
 class ProxyClient:
-    def __init__(self, url: str, admin_token: str, records: Path):
+    def __init__(self, url: str, admin_token: str, records: Path, model_dir: Path | None = None):
         self.url, self.admin_token, self.records = url.rstrip("/"), admin_token, Path(records)
+        self.model_dir = model_dir
+        """the served model's folder (its tokenizer reads call texts to classify roles), when on this machine"""
         port = urlparse(self.url).port
         if port is None:
             raise UserError(f"proxy URL {url} must name a port, e.g. http://127.0.0.1:8000")
@@ -41,7 +43,9 @@ class ProxyClient:
         if not config.proxy_url or not config.admin_token or not config.records:
             raise UserError("give --model DIR (a proxy in this process), or --proxy URL with --admin-token and --records DIR")
         client = cls(config.proxy_url, config.admin_token, config.records)
-        client.admin("GET", "/admin/health")
+        served = client.admin("GET", "/admin/health").get("model_dir")
+        if served and (Path(served) / "tokenizer_config.json").exists():  # the proxy runs on this machine
+            client.model_dir = Path(served)
         yield client
 
     def admin(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> dict:
@@ -104,7 +108,7 @@ def start_local_proxy(config, out: Path) -> Iterator[ProxyClient]:
                      records_dir=records, engine_options=dict(config.engine_options), policy_version=config.policy_version)
     with ProxyThread(pc) as thread:
         url = f"http://{reachable_host(config.proxy_host)}:{thread.server.port}"
-        yield ProxyClient(url, thread.server.admin_token, records)
+        yield ProxyClient(url, thread.server.admin_token, records, Path(config.model))
 
 
 def reachable_host(bind: str) -> str:

@@ -212,7 +212,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
             results.close()
         rollouts = [A.rows_from_dicts([done[p.rollout_id]], A.RolloutRecord, results_path)[0] for p in plans if p.rollout_id in done]
         calls = proxy.collect_calls([r.rollout_id for r in rollouts], copy_to=out / "records")
-    calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, config.model)
+    calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, config.model or proxy.model_dir)
     A.write_table(out / "calls.parquet", calls, A.CallRecord)
     A.write_table(out / "rollouts.parquet", rollouts, A.RolloutRecord)
     return RolloutSummary(out, rollouts, len(calls), time.monotonic() - t0)
