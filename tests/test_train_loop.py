@@ -170,6 +170,19 @@ def test_ppo_warms_up_the_value_model_and_moves_the_policy(step, tiny_model, tmp
     assert not fresh
 
 
+def test_a_fresh_value_head_starts_at_the_batch_mean_return(step, tiny_model, tmp_path):
+    """Not at 0, and not wherever Adam's first steps throw it: V ≡ the mean return (rewards 1, 0, 1, 0, .5, .5)."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "ppo-start"
+    res = train(cfg(step, tiny_model, out, algo="ppo", lr=1e-3, value_lr=0.0))  # value_lr 0: the head stays put
+    head = load_file(out / "value" / "value_head.safetensors")
+    assert float(head["weight"].abs().max()) == 0.0
+    assert float(head["bias"]) == pytest.approx(0.5, abs=0.05)
+    assert res.last["train/value_mean"] == pytest.approx(float(head["bias"]), abs=1e-5)
+    assert res.last["train/adv_mean"] == pytest.approx(0.0, abs=1e-5)  # whitened over the batch
+
+
 def test_sft_trains_only_on_rollouts_above_min_reward(step, tiny_model, tmp_path):
     out = tmp_path / "sft"
     res = train(cfg(step, tiny_model, out, algo="sft", lr=1e-3, min_reward=1.0))
