@@ -282,7 +282,19 @@ def test_cli_serves_and_refuses_bad_arguments(tiny_model, tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(30)
-    assert (tmp_path / "rec" / "cli.jsonl").exists()
+    assert proc.returncode == 0 and (tmp_path / "rec" / "cli.jsonl").exists()
+    # It handles SIGINT itself, even when started with SIGINT ignored (a background job), and
+    # SIGTERM (kill, a container stopping) the same way: exit 0, calls recorded.
+    for sig, preexec in ((signal.SIGINT, lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)), (signal.SIGTERM, None)):
+        proc = subprocess.Popen(cli + ["--model", str(tiny_model), "--engine", "scripted", "--port", "0", "--records",
+                                       str(tmp_path / f"rec-{sig}"), "--admin-token", "adm"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
+        try:
+            assert proc.stdout.readline().startswith("serving ")
+            os.kill(proc.pid, sig)
+            assert proc.wait(30) == 0, sig
+        finally:
+            proc.kill()
 
 
 def test_client_that_goes_away_mid_stream_is_recorded_as_cancelled(proxy):

@@ -13,16 +13,29 @@ __all__ = ["ProxyConfig", "ProxyServer", "ProxyThread", "export_calls", "read_re
 
 
 def serve(config: ProxyConfig, *, ready=None) -> None:
-    """Run the proxy until interrupted; `ready(url, admin_token)` is called once it listens."""
+    """Run the proxy until SIGINT or SIGTERM; `ready(url, admin_token)` is called once it listens.
+
+    Both signals stop it the same way: no new connections, running calls finish and are recorded.
+    They are handled explicitly because a proxy started in the background (`nohup ... &`, a
+    container) may have inherited SIGINT as ignored, and is usually stopped with SIGTERM.
+    """
     import asyncio
+    import signal
 
     async def main() -> None:
         server = ProxyServer(config)
         url = await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signals
+                pass
         if ready is not None:
             ready(url, server.admin_token)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await server.stop()
 
