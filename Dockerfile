@@ -18,8 +18,11 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 COPY scripts ./scripts
 # The CPU torch wheel first (an unpinned torch would pull CUDA), via the project's own installer.
+# EXTRAS picks optional parts, e.g. `docker build --build-arg EXTRAS=ray -t clawgym-ray .` for the
+# Ray head and worker image of docs/scale.md.
+ARG EXTRAS=""
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" \
-    && scripts/install.sh
+    && scripts/install.sh "$EXTRAS"
 
 RUN useradd --create-home clawgym
 USER clawgym
