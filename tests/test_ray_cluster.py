@@ -74,8 +74,8 @@ def test_rollouts_spread_over_the_worker_nodes_of_a_local_cluster(cluster, tmp_p
     write_script(tmp_path / "script.jsonl", ids, 2)
     # The proxy listens on every interface, as on a real cluster, and is advertised at this node's
     # Ray address (here 127.0.0.1).
-    r = subprocess.run(rollout_cmd(c, tmp_path, tiny_model, 2, 4, "--proxy-host", "0.0.0.0"), capture_output=True, text=True, timeout=300,
-                       env={**os.environ, **LOOPBACK_ENV})
+    r = subprocess.run(rollout_cmd(c, tmp_path, tiny_model, 2, 4, "--proxy-host", "0.0.0.0"), capture_output=True,
+                       text=True, timeout=300, env={**os.environ, **LOOPBACK_ENV})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "8 rollouts (ok: 8)" in r.stdout
     out = tmp_path / "out"

@@ -55,6 +55,11 @@ TOOLS = [
 # --- the adapter (runs in the rollout runner) -------------------------------------------------------
 
 
+# `python -c ENTRY ARGS` rather than `-m`: the package imports this module first, and runpy would
+# warn about running it again as __main__ on every rollout's stderr.
+ENTRY = "import sys; from clawgym.rollout.harnesses.agentloop import agent_main; sys.exit(agent_main())"
+
+
 class AgentLoop:
     name = "agentloop"
     protocol = "openai-chat"
@@ -68,10 +73,7 @@ class AgentLoop:
         return None  # built in: needs only this Python
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
-        # `-c` rather than `-m`: the package imports this module first, and runpy would warn about
-        # running it again as __main__ on every rollout's stderr.
-        argv = [sys.executable, "-c", "import sys; from clawgym.rollout.harnesses.agentloop import agent_main; sys.exit(agent_main())",
-                "--max-turns", str(self.max_turns),
+        argv = [sys.executable, "-c", ENTRY, "--max-turns", str(self.max_turns),
                 "--max-tokens", str(self.max_tokens), "--context-window", str(self.context_window),
                 "--temperature", str(self.temperature), "--model", endpoint.model]
         if self.answer_file:
