@@ -3,9 +3,10 @@ tool call that writes a file, then finish; the records hold both calls, and the 
 the first prompt plus its sampled tokens.
 
 The binaries come from `scripts/install-harnesses.sh` (`clawgym harness install`: pinned npm versions); without
-them these tests skip and say how to install. Every harness runs with a fresh HOME, the quiet
-settings of research/harnesses.md, and an HTTP(S) proxy that refuses everything, so nothing but the
-proxy on 127.0.0.1 is reachable.
+them these tests skip and say how to install. Every harness runs exactly as its adapter launches it
+in a rollout (argv, environment, config files: the quiet settings of research/harnesses.md), with a
+fresh HOME and an HTTP(S) proxy that refuses everything, so nothing but the proxy on 127.0.0.1 is
+reachable.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from clawgym.artifacts import materialize_prompts
 from clawgym.proxy import ProxyConfig, ProxyThread, read_records
+from clawgym.rollout.harnesses.base import Endpoint
 from clawgym.rollout.harnesses.claude_code import ClaudeCode
 from clawgym.rollout.harnesses.codex import Codex
 
@@ -64,27 +66,29 @@ def assert_two_calls_extend(proxy: ProxyThread, rollout_id: str, protocol: str) 
     assert second.render_mode == "incremental"
 
 
+def run_adapter(harness, reg: dict, tmp_path: Path, **extra_env: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """The harness exactly as its adapter launches it in a rollout (argv, env, config files), run
+    directly in a fresh workspace with a fresh HOME instead of a sandbox."""
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    ws.mkdir()
+    launch = harness.launch(PROMPT, ws, home, Endpoint(base_url=reg["base_url"], api_key=reg["api_key"]))
+    for rel, text in launch.files.items():
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(text)
+    run = subprocess.run(launch.argv, cwd=ws, env=base_env(home) | launch.env | extra_env, capture_output=True,
+                         text=True, timeout=180)
+    return ws, run
+
+
 def test_claude_code_writes_a_file_through_the_proxy(proxy, tmp_path):
-    claude = need("claude")
+    need("claude")
     # The first answer is slow, so Claude Code also sees keep-alive pings before the content.
     script = [{"text": '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo hi > out.txt", "description": "write out.txt"}}\n</tool_call>',
                "delay_s": 0.5},
               "Done: wrote out.txt"]
     reg = proxy.register("claude-code", script=script)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    env = base_env(tmp_path / "home") | {
-        "ANTHROPIC_BASE_URL": reg["base_url"], "ANTHROPIC_API_KEY": reg["api_key"],
-        "ANTHROPIC_MODEL": "clawgym-policy", "ANTHROPIC_SMALL_FAST_MODEL": "clawgym-policy",
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "clawgym-policy", "ANTHROPIC_DEFAULT_SONNET_MODEL": "clawgym-policy",
-        "ANTHROPIC_DEFAULT_OPUS_MODEL": "clawgym-policy",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
-        "CLAUDE_CODE_MAX_RETRIES": "0", "IS_SANDBOX": "1",  # root needs IS_SANDBOX for --dangerously-skip-permissions
-    }
-    run = subprocess.run([str(claude), "-p", PROMPT, "--output-format", "stream-json", "--verbose",
-                          "--dangerously-skip-permissions", "--max-turns", "5", "--no-session-persistence"],
-                         cwd=ws, env=env, capture_output=True, text=True, timeout=180)
+    # The full Claude Code (not --bare, all its tools): its real 20-40k-token prompts.
+    ws, run = run_adapter(ClaudeCode(max_turns=5, bare=False, tools=""), reg, tmp_path, CLAUDE_CODE_MAX_RETRIES="0")
     lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     result = [x for x in lines if x.get("type") == "result"]
     assert run.returncode == 0 and result and not result[-1]["is_error"], (run.stdout[-2000:], run.stderr[-2000:])
@@ -94,47 +98,12 @@ def test_claude_code_writes_a_file_through_the_proxy(proxy, tmp_path):
 
 
 def test_codex_writes_a_file_through_the_proxy(proxy, tmp_path):
-    codex = need("codex")
+    need("codex")
     script = [{"text": '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo hi > out.txt"}}\n</tool_call>',
                "delay_s": 0.5},
               "Done: wrote out.txt"]
     reg = proxy.register("codex", script=script)
-    ws, home = tmp_path / "ws", tmp_path / "home"
-    ws.mkdir()
-    codex_home = home / ".codex"
-    codex_home.mkdir(parents=True)
-    (codex_home / "config.toml").write_text(f'''
-model = "clawgym-policy"
-model_provider = "clawgym"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-check_for_update_on_startup = false
-model_context_window = 128000
-web_search = "disabled"
-
-[model_providers.clawgym]
-name = "clawgym proxy"
-base_url = "{reg['openai_base_url']}"
-env_key = "CLAWGYM_API_KEY"
-wire_api = "responses"
-request_max_retries = 0
-stream_max_retries = 0
-stream_idle_timeout_ms = 120000
-
-[agents]
-enabled = false
-[analytics]
-enabled = false
-[feedback]
-enabled = false
-[features]
-plugins = false
-goals = false
-''')
-    env = base_env(home) | {"CODEX_HOME": str(codex_home), "CLAWGYM_API_KEY": reg["api_key"]}
-    run = subprocess.run([str(codex), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(ws),
-                          "--dangerously-bypass-approvals-and-sandbox", PROMPT],
-                         cwd=ws, env=env, capture_output=True, text=True, timeout=180)
+    ws, run = run_adapter(Codex(context_window=128000, retries=0, idle_timeout_s=120), reg, tmp_path)
     events = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
     messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
