@@ -27,7 +27,8 @@ import pytest
 from clawgym import artifacts as A
 from clawgym.rollout.harnesses import HARNESSES
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
-from test_rollout import _has_marker
+from test_rollout import _has_marker, tool_call
+from test_rollout import make_task as rollout_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
@@ -51,18 +52,13 @@ COMMANDS = ["echo hi > out.txt", "echo bye > out.txt"]  # sample 0 solves the ta
 
 
 def make_task(root: Path, task_id: str, timeout: int) -> Path:
-    d = root / task_id
-    (d / "tests").mkdir(parents=True)
-    (d / "workspace").mkdir()
-    (d / "workspace" / "README.md").write_text("seed file\n")
-    (d / "task.toml").write_text(f'[metadata]\nid = "{task_id}"\ncategory = "files"\n\n[agent]\ntimeout_sec = {timeout}\n')
-    (d / "instruction.md").write_text(INSTRUCTION + "\n")
-    (d / "tests" / "check.py").write_text(CHECK)
-    return d
+    return rollout_task(root, task_id, INSTRUCTION, timeout, check=CHECK)
 
 
-def tool_call(name: str, args: dict) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+def shell_call(shell, cmd: str) -> str:
+    """The model text of one call of the harness's shell tool running `cmd`."""
+    name, args = shell(cmd)
+    return tool_call(name, **args)
 
 
 @pytest.mark.parametrize("harness", list(SHELL))
@@ -76,7 +72,7 @@ def test_real_harness_solves_a_task_through_the_runner(harness: str, tmp_path: P
         for i in range(n):
             rid = f"hello.{harness}.{i}"
             # the first answer takes a moment: the harness waits on an open stream
-            f.write(json.dumps({"rollout_id": rid, "text": tool_call(*shell(COMMANDS[i])), "delay_s": 0.3}) + "\n")
+            f.write(json.dumps({"rollout_id": rid, "text": shell_call(shell, COMMANDS[i]), "delay_s": 0.3}) + "\n")
             f.write(json.dumps({"rollout_id": rid, "text": "Done: wrote out.txt"}) + "\n")
     config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=[harness], out=tmp_path / "out", n=n, concurrency=n,
                            model=tiny_model, engine="scripted", engine_options={"script": str(script)})
@@ -127,7 +123,7 @@ def test_real_harness_killed_mid_call_is_a_timeout_that_settles(harness: str, tm
     make_task(tmp_path / "tasks", "killed", timeout=12)
     script = tmp_path / "script.jsonl"
     with open(script, "w") as f:
-        f.write(json.dumps({"rollout_id": f"killed.{harness}.0", "text": tool_call(*shell("echo hi > out.txt"))}) + "\n")
+        f.write(json.dumps({"rollout_id": f"killed.{harness}.0", "text": shell_call(shell, "echo hi > out.txt")}) + "\n")
         f.write(json.dumps({"rollout_id": f"killed.{harness}.0", "text": "Done.", "delay_s": 300}) + "\n")
     config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=[harness], out=tmp_path / "out", model=tiny_model,
                            engine="scripted", engine_options={"script": str(script)}, settle_timeout_s=20)
@@ -168,7 +164,7 @@ def test_cli_rollout_drives_claude_code_and_max_context_reaches_the_proxy(tmp_pa
     script = tmp_path / "script.jsonl"
     _, shell, _, _, _ = SHELL["claude-code"]
     script.write_text("".join(json.dumps({"rollout_id": "hello.claude-code.0", "text": t}) + "\n"
-                              for t in (tool_call(*shell("echo hi > out.txt")), "Done.")))
+                              for t in (shell_call(shell, "echo hi > out.txt"), "Done.")))
     args = ["--tasks", str(tmp_path / "tasks"), "--harness", "claude-code", "--model", str(tiny_model), "--engine", "scripted",
             "--script", str(script)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

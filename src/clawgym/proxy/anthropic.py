@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from clawgym.proxy.types import (ChatRequest, Message, ProtocolError, ToolCall, ToolSpec, Turn, content_text, new_id,
-                                 require, sse)
+                                 number, require, sse)
 
 PROTOCOL = "anthropic"
 
@@ -70,18 +70,10 @@ def parse(body: Any, *, count_only: bool = False) -> ChatRequest:
     require(isinstance(stop, list) and all(isinstance(s, str) for s in stop), "stop_sequences must be a list of strings")
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, max_tokens=max_tokens,
-        stream=bool(body.get("stream", False)), temperature=_num(body, "temperature"), top_p=_num(body, "top_p"),
+        stream=bool(body.get("stream", False)), temperature=number(body, "temperature"), top_p=number(body, "top_p"),
         top_k=body.get("top_k") if isinstance(body.get("top_k"), int) else None, stop=stop,
         tool_choice=body.get("tool_choice"),
     )
-
-
-def _num(body: dict, key: str) -> float | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    require(isinstance(v, (int, float)) and not isinstance(v, bool), f"{key} must be a number", key)
-    return float(v)
 
 
 def _message(m: Any, where: str) -> list[Message]:

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from clawgym.proxy.types import (ChatRequest, Message, ProtocolError, ToolCall, ToolSpec, Turn, content_text, fold_system,
-                                 new_id, parse_arguments, require, sse)
+                                 new_id, parse_arguments, number, require, sse)
 
 PROTOCOL = "openai-chat"
 
@@ -68,18 +68,10 @@ def parse(body: Any) -> ChatRequest:
     opts = body.get("stream_options") or {}
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, max_tokens=max_tokens,
-        stream=bool(body.get("stream", False)), temperature=_num(body, "temperature"), top_p=_num(body, "top_p"),
+        stream=bool(body.get("stream", False)), temperature=number(body, "temperature"), top_p=number(body, "top_p"),
         seed=body.get("seed") if isinstance(body.get("seed"), int) else None, stop=stop,
         tool_choice=body.get("tool_choice"), include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
     )
-
-
-def _num(body: dict, key: str) -> float | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    require(isinstance(v, (int, float)) and not isinstance(v, bool), f"{key} must be a number", key)
-    return float(v)
 
 
 def _message(m: Any, where: str) -> Message:

@@ -16,12 +16,13 @@ import time
 from typing import Any
 
 from clawgym.proxy.types import (ChatRequest, Message, ProtocolError, ToolCall, ToolSpec, Turn, content_text, fold_system,
-                                 new_id, parse_arguments, require, sse)
+                                 new_id, number, parse_arguments, require, sse)
 from clawgym.proxy import openai_chat
 
 PROTOCOL = "openai-responses"
 ERRORS = openai_chat.ERRORS
 error = openai_chat.error
+assign_ids = openai_chat.assign_ids  # call_ ids, as Chat Completions
 
 
 def context_error(n_prompt: int, window: int) -> ProtocolError:
@@ -105,17 +106,12 @@ def parse(body: Any) -> ChatRequest:
             "max_output_tokens")
     return ChatRequest(
         protocol=PROTOCOL, model=model, messages=fold_system(messages), tools=_tools(body.get("tools")), max_tokens=max_tokens,
-        stream=bool(body.get("stream", False)), temperature=openai_chat._num(body, "temperature"),
-        top_p=openai_chat._num(body, "top_p"), tool_choice=body.get("tool_choice"),
+        stream=bool(body.get("stream", False)), temperature=number(body, "temperature"),
+        top_p=number(body, "top_p"), tool_choice=body.get("tool_choice"),
         extra={"tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
                "parallel_tool_calls": body.get("parallel_tool_calls", True), "reasoning": body.get("reasoning"),
                "max_output_tokens": max_tokens, "metadata": body.get("metadata") or {}},
     )
-
-
-def assign_ids(turn: Turn) -> None:
-    for c in turn.tool_calls:
-        c.id = new_id("call_")
 
 
 def _items(turn: Turn, req: ChatRequest, done: bool) -> list[dict]:

@@ -33,6 +33,15 @@ def require(cond: bool, message: str, param: str | None = None) -> None:
         raise ProtocolError("invalid_request", message, param)
 
 
+def number(body: dict, key: str) -> float | None:
+    """body[key] as a float, None when absent; a non-number (a bool included) is a 400 naming the key."""
+    v = body.get(key)
+    if v is None:
+        return None
+    require(isinstance(v, (int, float)) and not isinstance(v, bool), f"{key} must be a number", key)
+    return float(v)
+
+
 @dataclass
 class ToolCall:
     name: str
