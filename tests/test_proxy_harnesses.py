@@ -72,9 +72,7 @@ def run_adapter(harness, reg: dict, tmp_path: Path, **extra_env: str) -> tuple[P
     ws, home = tmp_path / "ws", tmp_path / "home"
     ws.mkdir()
     launch = harness.launch(PROMPT, ws, home, Endpoint(base_url=reg["base_url"], api_key=reg["api_key"]))
-    for rel, text in launch.files.items():
-        (home / rel).parent.mkdir(parents=True, exist_ok=True)
-        (home / rel).write_text(text)
+    launch.write_files(home)
     run = subprocess.run(launch.argv, cwd=ws, env=base_env(home) | launch.env | extra_env, capture_output=True,
                          text=True, timeout=180)
     return ws, run

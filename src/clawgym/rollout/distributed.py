@@ -57,22 +57,15 @@ def connect(address: str) -> None:
         raise UserError(f"cannot connect to the Ray cluster at {address!r}: {e}") from None
 
 
-def _task(plan: Any, harness_name: str, harness_options: dict, proxy_url: str, admin_token: str, config: Any) -> dict:
+def _task(plan: Any, proxy_url: str, admin_token: str, config: Any) -> dict:
     """Runs on a Ray worker: one rollout, start to finish, against the central proxy."""
     from clawgym.rollout import runner
     from clawgym.rollout.harnesses import HARNESSES
     from clawgym.rollout.proxy_client import ProxyClient
 
-    harness = HARNESSES[harness_name](**harness_options)
+    harness = HARNESSES[plan.harness](**config.harness_options.get(plan.harness, {}))
     proxy = ProxyClient(proxy_url, admin_token, Path("."))  # the worker never reads records
-    return runner._run_one(plan, harness, proxy, config, {}, _NoProgress())
-
-
-class _NoProgress:
-    """The worker has no progress bar; the driver counts rollouts as their rows come back."""
-
-    def started(self) -> None:
-        pass
+    return runner._run_one(plan, harness, proxy, config, {})
 
 
 class RayRollouts:
@@ -94,8 +87,7 @@ class RayRollouts:
         """Run one rollout as a Ray task; blocks the calling thread until its row is back."""
         from clawgym.rollout.runner import infra_error_row
 
-        ref = _remote.options(**self.options).remote(plan, plan.harness, self.config.harness_options.get(plan.harness, {}),
-                                                     self.proxy_url, self.admin_token, self.config)
+        ref = _remote.options(**self.options).remote(plan, self.proxy_url, self.admin_token, self.config)
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.RayError as e:  # the node or worker died: the rollout is not scored

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import socket
 import statistics
 import sys
@@ -45,7 +46,7 @@ from clawgym import artifacts as A
 from clawgym.errors import UserError
 from clawgym.rollout.harnesses import HARNESSES, Endpoint, Harness
 from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable, start_local_proxy
-from clawgym.rollout.sandbox import ProxyEndpoint, SandboxConfig, SandboxError, open_sandbox
+from clawgym.rollout.sandbox import ProxyEndpoint, SandboxConfig, open_sandbox
 from clawgym.rollout.verifier import VerifierConfig, verify
 from clawgym.tasks import Task, load_tasks
 
@@ -182,11 +183,11 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
             remote = RayRollouts(config, proxy.url, proxy.admin_token)
 
         def one(plan: _Plan) -> dict:
+            state.started()
             if remote is not None:  # the rollout runs on a Ray worker; its row comes back here
-                state.started()
                 rec = remote.run(plan)
             else:
-                rec = _run_one(plan, harnesses[plan.harness], proxy, config, open_sandboxes, state)
+                rec = _run_one(plan, harnesses[plan.harness], proxy, config, open_sandboxes)
             if interrupted.is_set():  # cut short by Ctrl-C (its sandbox closed): not finished, so a rerun runs it again
                 return rec
             with lock:
@@ -218,16 +219,18 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     return RolloutSummary(out, rollouts, len(calls), time.monotonic() - t0)
 
 
-def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: RolloutConfig,
-             open_sandboxes: dict, state: "_Progress") -> dict:
+def _record(plan: _Plan, config: RolloutConfig, **fields: Any) -> A.RolloutRecord:
+    """The rollout's row before it ran: infra_error, no reward, until the run says otherwise."""
+    return A.RolloutRecord(rollout_id=plan.rollout_id, task_id=plan.task.id, harness=plan.harness, group_id=plan.group_id,
+                           sample_index=plan.sample_index, status="infra_error", reward=None, n_calls=0, wall_time_s=0.0,
+                           policy_version=config.policy_version, category=plan.task.category, step=config.step, **fields)
+
+
+def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: RolloutConfig, open_sandboxes: dict) -> dict:
     task, rid = plan.task, plan.rollout_id
-    rec = A.RolloutRecord(rollout_id=rid, task_id=task.id, harness=plan.harness, group_id=plan.group_id,
-                          sample_index=plan.sample_index, status="infra_error", reward=None, n_calls=0, wall_time_s=0.0,
-                          policy_version=config.policy_version, category=task.category, step=config.step,
-                          node=this_node())
+    rec = _record(plan, config, node=this_node())
     t0 = time.monotonic()
     sb = None
-    state.started()
     try:
         # 1. register with the proxy
         reg = proxy.register(rid)
@@ -238,14 +241,11 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
         open_sandboxes[rid] = sb
         # a namespaced sandbox reaches the proxy at 127.0.0.1 through its relay; others (and a proxy
         # on another node, with Ray) at the proxy's own address
-        host = proxy.host if getattr(sb, "network", "bwrap") in ("host", "blackhole") else "127.0.0.1"
+        host = proxy.host if sb.network in ("host", "blackhole") else "127.0.0.1"
         endpoint = Endpoint(base_url=f"http://{host}:{proxy.port}/r/{rid}", api_key=reg["api_key"])
         # 3. the harness, until it exits or the clock runs out
         launch = harness.launch(task.instruction, Path(sb.path_inside(sb.workspace)), Path(sb.path_inside(sb.home)), endpoint)
-        for rel, text in launch.files.items():
-            path = Path(sb.home) / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        launch.write_files(Path(sb.home))
         timeout = config.timeout_s or task.agent_timeout_s
         run = sb.run(launch.argv, env=launch.env, timeout=timeout, name="harness")
         # 4. settle the proxy's records of this rollout
@@ -268,21 +268,14 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
             rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
         # 5. score the final workspace (an infra error is excluded, so it is not scored)
         if rec.status != "infra_error":
-            result = verify(task, sb, final_message=final, config=config.verifier)
-            rec = result.apply(rec)
-            if result.error:
-                rec.error = (rec.error + "; " if rec.error else "") + result.error
-    except (SandboxError, ProxyUnavailable, OSError) as e:
-        rec.status, rec.reward, rec.error = "infra_error", None, f"{type(e).__name__}: {e}"
-    except Exception as e:  # one rollout's bug never stops the others; it is excluded and reported
-        rec.status, rec.reward, rec.error = "infra_error", None, f"{type(e).__name__}: {e}"
+            rec = verify(task, sb, final_message=final, config=config.verifier).apply(rec)  # appends its error
+    except Exception as e:  # a sandbox, proxy or disk failure, or one rollout's bug: excluded and reported, never
+        rec.status, rec.reward, rec.error = "infra_error", None, f"{type(e).__name__}: {e}"  # stopping the others
     finally:
         if sb is not None:
             open_sandboxes.pop(rid, None)
             sb.close()
         proxy.close_rollout(rid)
-    if rec.status == "infra_error":
-        rec.reward = None
     rec.wall_time_s = time.monotonic() - t0
     return dataclasses.asdict(rec)
 
@@ -298,11 +291,7 @@ def this_node() -> str:
 
 def infra_error_row(plan: _Plan, config: RolloutConfig, error: str) -> dict:
     """The row of a rollout that could not run at all (e.g. its Ray worker died): excluded, not scored."""
-    task = plan.task
-    rec = A.RolloutRecord(rollout_id=plan.rollout_id, task_id=task.id, harness=plan.harness, group_id=plan.group_id,
-                          sample_index=plan.sample_index, status="infra_error", reward=None, n_calls=0, wall_time_s=0.0,
-                          policy_version=config.policy_version, category=task.category, step=config.step, error=error)
-    return dataclasses.asdict(rec)
+    return dataclasses.asdict(_record(plan, config, error=error))
 
 
 def _engine_failed_last(settled: dict) -> str:
@@ -313,13 +302,17 @@ def _engine_failed_last(settled: dict) -> str:
     return (settled.get("last_call_error") or "engine_error") if settled.get("last_call_status") == "engine_error" else ""
 
 
+@functools.lru_cache(maxsize=2)
+def _tokenizer(model: str):
+    """Loaded once per model folder, not once per loop step."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
 def _classify(calls: list[A.CallRecord], harness_of: dict[str, Harness], model: Path | None) -> list[A.CallRecord]:
     """Each call's role as its harness adapter reads it (main, subagent, compaction, aux)."""
-    tokenizer = None
-    if model is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = _tokenizer(str(model)) if model is not None else None
     full = {(c.rollout_id, c.call_id): c for c in A.materialize_prompts(calls)} if tokenizer is not None else {}
     out, main_tools = [], {}
     for c in sorted(calls, key=lambda c: (c.rollout_id, c.seq)):

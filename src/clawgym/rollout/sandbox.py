@@ -149,6 +149,8 @@ class Sandbox(Protocol):
     """the network mode in effect (auto resolved): bwrap | unshare | blackhole | host | none"""
     workspace: Path
     """host path of the workspace (the commands' working directory)"""
+    home: Path
+    """host path of the commands' HOME (harness config files go here)"""
     logs: Path
     """host folder with every command's stdout/stderr"""
 

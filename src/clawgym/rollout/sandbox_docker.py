@@ -60,8 +60,9 @@ class DockerSandbox:
 
         self.workspace, self.tests, self.logs = self.root / "workspace", self.root / "tests", self.root / "logs"
         self.harbor_logs, self.net, self.files = self.root / "harbor-logs", self.root / "net", self.root / "files"
+        self.home = self.root / "home"
         seed_workspace(seed, self.workspace)
-        for d in (self.tests, self.logs, self.harbor_logs / "verifier", self.harbor_logs / "agent", self.net, self.files, self.root / "home"):
+        for d in (self.tests, self.logs, self.harbor_logs / "verifier", self.harbor_logs / "agent", self.net, self.files, self.home):
             d.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(RELAY, self.net / "relay.py")
         self.blackhole = BlackHole()
@@ -72,7 +73,7 @@ class DockerSandbox:
             self._forwards += self._bridge("p.sock", p.port, tcp=None if p.unix_path else (p.host, p.port), unix=p.unix_path)
         mounts = {
             str(self.workspace): self.config.workdir, str(self.tests): "/tests", str(self.harbor_logs): "/logs",
-            str(self.net): f"{INSIDE}/net", str(self.files): f"{INSIDE}/files", str(self.root / "home"): f"{INSIDE}/home",
+            str(self.net): f"{INSIDE}/net", str(self.files): f"{INSIDE}/files", str(self.home): f"{INSIDE}/home",
         }
         lim = self.config.limits
         try:
@@ -99,7 +100,8 @@ class DockerSandbox:
 
     def path_inside(self, host_path: Path) -> str:
         host_path = Path(host_path).resolve()
-        for host, inside in ((self.workspace, self.config.workdir), (self.tests, "/tests"), (self.harbor_logs, "/logs"), (self.files, f"{INSIDE}/files")):
+        for host, inside in ((self.workspace, self.config.workdir), (self.tests, "/tests"), (self.harbor_logs, "/logs"), (self.files, f"{INSIDE}/files"),
+                             (self.home, f"{INSIDE}/home")):
             if host_path.is_relative_to(host):
                 return str(Path(inside) / host_path.relative_to(host))
         raise SandboxError(f"{host_path} is not visible inside the container")

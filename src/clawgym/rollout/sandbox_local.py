@@ -188,7 +188,7 @@ class LocalSandbox:
         for hidden in self.config.hide:
             if Path(hidden).is_dir():
                 argv += ["--tmpfs", str(Path(hidden).resolve())]
-        # The relay and the built-in harness (`python -m clawgym...`) import this package: when it
+        # The relay and the built-in harness (`python -c ENTRY`, agentloop.py) import this package: when it
         # lives under a hidden folder (an editable install from a checkout in /tmp, as CI makes),
         # show its folder read-only at the same path, so the .pth entry still resolves inside.
         # The same for a Python environment (a venv) that lives there.

@@ -73,6 +73,8 @@ class AgentLoop:
         return None  # built in: needs only this Python
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
+        from clawgym.rollout.sandbox_local import PACKAGE_ROOT  # here, not at the top: the agent process skips it
+
         argv = [sys.executable, "-c", ENTRY, "--max-turns", str(self.max_turns),
                 "--max-tokens", str(self.max_tokens), "--context-window", str(self.context_window),
                 "--temperature", str(self.temperature), "--model", endpoint.model]
@@ -80,7 +82,7 @@ class AgentLoop:
             argv += ["--answer-file", self.answer_file]
         env = {"OPENAI_BASE_URL": endpoint.base_url.rstrip("/") + "/v1", "OPENAI_API_KEY": endpoint.api_key,
                # the same clawgym as the runner's, whatever the sandbox's Python would find first
-               "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+               "PYTHONPATH": str(PACKAGE_ROOT)}
         return Launch(argv=argv + ["--", instruction], env=env)
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:

@@ -35,6 +35,11 @@ class Launch:
     files: dict[str, str] = field(default_factory=dict)
     """config files to write before start, relative to the sandbox's HOME"""
 
+    def write_files(self, home: Path) -> None:
+        for rel, text in self.files.items():
+            (home / rel).parent.mkdir(parents=True, exist_ok=True)
+            (home / rel).write_text(text)
+
 
 @dataclass(frozen=True)
 class Outcome:
