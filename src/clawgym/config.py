@@ -225,41 +225,22 @@ def _validate(r: Recipe, harnesses: dict) -> None:
 
 def recipe_to_toml(r: Recipe) -> str:
     """The resolved recipe as TOML (defaults filled, paths absolute), saved in the run directory."""
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, Path):
-            return _quote(str(v))
-        if isinstance(v, str):
-            return _quote(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        raise TypeError(type(v))
+    from clawgym.tasks.writer import dump_toml
 
-    lines: list[str] = []
+    def plain(d: dict) -> dict:  # paths as strings; unset keys left out
+        return {k: str(v) if isinstance(v, Path) else v for k, v in d.items() if v is not None}
 
-    def table(name: str, items: dict) -> None:
-        lines.append(f"[{name}]")
-        lines.extend(f"{k} = {value(v)}" for k, v in items.items() if v is not None and not isinstance(v, dict))
-        lines.append("")
-
-    table("run", {**dataclasses.asdict(r.run), "dir": r.run_dir})
-    table("model", dataclasses.asdict(r.model))
-    table("engine", {"name": r.engine.name, **r.engine.options})
-    ro = dataclasses.asdict(r.rollout)
-    harness_options = ro.pop("harness_options")
-    table("rollout", ro)
-    for h, opts in harness_options.items():
-        table(f"rollout.{h}", opts)
-    table("trees", dataclasses.asdict(r.trees))
-    table("train", r.train)
-    table("eval", dataclasses.asdict(r.eval))
-    table("offline", dataclasses.asdict(r.offline))
-    table("ray", dataclasses.asdict(r.ray))
-    return "\n".join(lines)
-
-
-def _quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    rollout = dataclasses.asdict(r.rollout)
+    harness_options = rollout.pop("harness_options")
+    doc = {
+        "run": plain({**dataclasses.asdict(r.run), "dir": r.run_dir}),
+        "model": plain(dataclasses.asdict(r.model)),
+        "engine": plain({"name": r.engine.name, **r.engine.options}),
+        "rollout": {**plain(rollout), **{h: plain(o) for h, o in harness_options.items()}},
+        "trees": plain(dataclasses.asdict(r.trees)),
+        "train": plain(r.train),
+        "eval": plain(dataclasses.asdict(r.eval)),
+        "offline": plain(dataclasses.asdict(r.offline)),
+        "ray": plain(dataclasses.asdict(r.ray)),
+    }
+    return dump_toml(doc)
