@@ -461,7 +461,8 @@ class JsonlWriter:
                 if r.read(1) != b"\n":
                     self._f.write(b"\n")
 
-    def append(self, record: Any) -> None:
+    def append(self, record: Any) -> int:
+        """Append one record; returns the bytes written."""
         line = orjson.dumps(_jsonable(record), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
         fd = self._f.fileno()
         start = os.fstat(fd).st_size  # one writer per file: where this line begins
@@ -476,6 +477,7 @@ class JsonlWriter:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)
             raise
+        return len(line)
 
     def close(self) -> None:
         if not self._f.closed:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clawgym.artifacts import CallRecord, materialize_prompts, read_table
+from clawgym.engines.base import load_policy  # noqa: F401 (the trainer's view, re-exported)
 from clawgym.errors import UserError
 
 LOW, HIGH = 0.5, 2.0
@@ -55,6 +56,8 @@ def token_stats(engine_lp: Sequence[float], trainer_lp: Sequence[float]) -> tupl
     """(mean |Δ|, max |Δ|, mean k3, fraction outside [0.5, 2]) over aligned per-token logprobs."""
     import torch
 
+    from clawgym.train.losses import k3_kl
+
     if len(engine_lp) != len(trainer_lp):
         raise ValueError(f"{len(engine_lp)} engine logprobs vs {len(trainer_lp)} trainer logprobs")
     if not engine_lp:
@@ -62,20 +65,12 @@ def token_stats(engine_lp: Sequence[float], trainer_lp: Sequence[float]) -> tupl
     e = torch.as_tensor(engine_lp, dtype=torch.float64)
     t = torch.as_tensor(trainer_lp, dtype=torch.float64)
     d = t - e
-    k3 = torch.exp(d) - d - 1.0  # = clawgym.train.losses.k3_kl(logp=e, logp_ref=t)
+    k3 = k3_kl(logp=e, logp_ref=t)
     ratio = torch.exp(d)
     outside = ((ratio < LOW) | (ratio > HIGH)).double().mean()
     return float(d.abs().mean()), float(d.abs().max()), float(k3.mean()), float(outside)
 
 
-def load_policy(model_dir: Path, device: str = "cpu"):
-    """The checkpoint as the trainer holds it: fp32, eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if not (Path(model_dir) / "config.json").exists():
-        raise UserError(f"{model_dir} is not a model directory (no config.json)")
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
 
 
 def trainer_logprobs(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> list[float]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from clawgym.errors import UserError
+
 
 class EngineError(Exception):
     """The engine could not produce a completion (overloaded, crashed, script exhausted, ...)."""
@@ -113,8 +115,6 @@ ENGINES: dict[str, Callable[[EngineConfig], Engine]] = {
 
 def make_engine(name: str, config: EngineConfig) -> Engine:
     """Build the engine called `name`; a clear error names the known ones."""
-    from clawgym.errors import UserError
-
     if name not in ENGINES:
         raise UserError(f"unknown engine '{name}'; choose one of: {', '.join(sorted(ENGINES))}")
     return ENGINES[name](config)
@@ -129,3 +129,13 @@ def context_window(model_dir: Path) -> int:
     except (OSError, ValueError):
         return 32768
     return int(cfg.get("max_position_embeddings") or 32768)
+
+
+def load_policy(model_dir: Path, device: str = "cpu"):
+    """The checkpoint as the trainer holds it: fp32, eval mode (the hf engine serves exactly this)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(model_dir) / "config.json").exists():
+        raise UserError(f"{model_dir} is not a model directory (no config.json)")
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()

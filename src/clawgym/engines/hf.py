@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window
+from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window, load_policy
 from clawgym.errors import UserError
 
 
@@ -95,13 +95,7 @@ class HFEngine:
                    max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)))
 
     def _load(self, path: Path):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        if not (path / "config.json").exists():
-            raise UserError(f"{path} is not a model directory (no config.json)")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        return model.to(self.device).eval()
+        return load_policy(path, self.device)
 
     # -- public API (event-loop side) ------------------------------------------------------------
 

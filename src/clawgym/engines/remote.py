@@ -29,6 +29,7 @@ Reload (a new checkpoint directory that the servers can read at the same path):
 from __future__ import annotations
 
 import asyncio
+import json
 import contextlib
 import hashlib
 import time
@@ -186,7 +187,7 @@ class RemoteEngine:
                 if not text.strip():
                     return {}
                 try:
-                    return await resp.json(content_type=None)
+                    return json.loads(text)
                 except ValueError:
                     raise EngineError(f"{url} answered with something that is not JSON: {text[:200]!r}") from None
         except aiohttp.ClientError as e:

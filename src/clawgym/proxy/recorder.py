@@ -69,18 +69,16 @@ class Recorder:
             self._writers[rollout_id] = w  # most recently used last
             return w
 
-    def _append(self, rollout_id: str, rec: dict) -> None:
-        w = self._writer(rollout_id)
-        before = w.path.stat().st_size
-        w.append(rec)
-        self._bytes += w.path.stat().st_size - before  # one writer per file: no one else grows it
+    def _append(self, rollout_id: str, rec: dict) -> int:
+        return self._writer(rollout_id).append(rec)
 
     async def record(self, rec: CallRecord) -> None:
         """Append one record (fsync'd) off the event loop, in order per rollout."""
         row = {name: getattr(rec, name) for name in _FIELDS}  # no deep copy of the id lists
         lock = self._locks.setdefault(rec.rollout_id, asyncio.Lock())
         async with lock:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._append, rec.rollout_id, row)
+            # counted here, on the event loop: the pool's threads would race on the sum
+            self._bytes += await asyncio.get_running_loop().run_in_executor(self._pool, self._append, rec.rollout_id, row)
             self._counts[rec.rollout_id] = self._counts.get(rec.rollout_id, 0) + 1
 
     def close_rollout(self, rollout_id: str) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from clawgym.artifacts import write_config
 from clawgym.errors import UserError
+from clawgym.train.value import VALUE_DIR
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -85,9 +86,9 @@ def save_checkpoint(
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         if value is not None:
-            value.save(tmp / "value")
+            value.save(tmp / VALUE_DIR)
             if value_optimizer is not None:
-                torch.save(value_optimizer.state_dict(), tmp / "value" / OPTIMIZER_FILE)
+                torch.save(value_optimizer.state_dict(), tmp / VALUE_DIR / OPTIMIZER_FILE)
         if batch_state is not None and not state.complete:
             torch.save(batch_state, tmp / BATCH_FILE)
         write_config(tmp / "train_config.json", config)

@@ -261,16 +261,17 @@ def train(cfg: TrainConfig) -> TrainResult:
     # 6) [PPO] A fresh value model starts at the batch's mean return and is fitted before the policy
     #    moves; then A_t = R − V(s_t), whitened over the batch. GRPO/SFT broadcast per rollout.
     warmup_losses: list[float] = []
-    all_rows = list(range(len(trees)))
-    batch_w = _token_weights(trees, all_rows, cfg.aggregation)  # Σ = 1 over the whole batch
-    if value is not None and not resuming:
-        if fresh_value:
-            accelerator.unwrap_model(value).start_at(float(sum((batch_w[i] * returns[i]).sum() for i in all_rows)))
-        for _ in range(cfg.value_warmup_steps):
-            warmup_losses.append(_value_step(value, value_opt, accelerator, trees, all_rows, returns, cfg, attention, dev))
-        batch["values"] = _score_all(value, trees, budget, attention, accelerator)
     advantages = returns
     if value is not None:
+        all_rows = list(range(len(trees)))
+        batch_w = _token_weights(trees, all_rows, cfg.aggregation)  # Σ = 1 over the whole batch
+        if not resuming:
+            if fresh_value:
+                accelerator.unwrap_model(value).start_at(float(sum((batch_w[i] * returns[i]).sum() for i in all_rows)))
+            for _ in range(cfg.value_warmup_steps):
+                warmup_losses.append(_value_step(value, value_opt, accelerator, trees, all_rows, returns, cfg, attention, dev,
+                                                 batch_w))
+            batch["values"] = _score_all(value, trees, budget, attention, accelerator)
         advantages = [L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)]
         if cfg.norm_adv:
             flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
@@ -358,9 +359,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     return TrainResult(out, update, len(trees), T_total, last)
 
 
-def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights=None) -> float:
-    """One value-model optimizer step on the given trees: masked ½(V − R)², token- or rollout-mean."""
-    weights = weights or _token_weights(trees, rows_all, cfg.aggregation)
+def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights) -> float:
+    """One value-model optimizer step on the given trees: masked ½(V − R)² under the minibatch's weights."""
     total = 0.0
     for rows in plan_microbatches([trees[i].n_tokens for i in rows_all], cfg.token_budget):
         rows = [rows_all[r] for r in rows]
