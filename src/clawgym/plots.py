@@ -15,7 +15,7 @@ FIGURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "reward": ("Train reward", "mean reward", ("rollout/reward_mean",)),
     "eval": ("Evaluation", "Pass@1", ("eval/pass@1",)),
     "entropy": ("Policy entropy", "nats / token", ("train/entropy",)),
-    "mismatch": ("Rollout–trainer mismatch", "value", ("train/mismatch", "train/tis_clipped_frac")),
+    "mismatch": ("Rollout–trainer mismatch", "value", ("train/mismatch", "train/tis_clip_frac")),
     "loss": ("Loss", "loss", ("train/loss", "train/value_loss")),
 }
 

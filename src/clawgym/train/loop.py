@@ -26,12 +26,13 @@ from pathlib import Path
 import orjson
 import torch
 
-from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, RolloutRecord, TreeNode, read_jsonl, read_table
+from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, RolloutRecord, read_jsonl, read_table
 from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
 from clawgym.train import losses as L
-from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, group_nodes, pack_tree, plan_microbatches
+from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
 from clawgym.train.value import VALUE_DIR, load_value_model
+from clawgym.trees import read_trees
 
 ALGOS = ("grpo", "ppo", "sft")
 
@@ -170,7 +171,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     # 1) Load the step's trees and rollouts.
     rollouts = {r.rollout_id: r for r in read_table(cfg.rollouts, RolloutRecord)}
-    by_rollout = group_nodes(read_table(cfg.trees, TreeNode))
+    by_rollout = read_trees(cfg.trees)
     missing = sorted(set(by_rollout) - set(rollouts))
     if missing:
         raise UserError(f"{cfg.trees}: rollout {missing[0]!r} has no row in {cfg.rollouts}")
@@ -184,7 +185,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     n_zero_var_groups = 0
     if cfg.algo == "grpo":
         gidx = torch.tensor([groups.index(rollouts[rid].group_id) for rid in ids], dtype=torch.long)
-        adv, zero = L.grpo_advantages(rewards, gidx, cfg.adv_eps) if ids else (rewards, rewards.bool())
+        adv, zero = L.grpo_advantages(rewards, gidx, cfg.adv_eps)  # empty in, empty out
         n_zero_var_groups = len({int(g) for g, z in zip(gidx, zero) if z})
         signal = {rid: float(a) for rid, a, z in zip(ids, adv, zero) if not z}
     elif cfg.algo == "ppo":

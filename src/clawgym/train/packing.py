@@ -31,6 +31,7 @@ import torch
 from clawgym.artifacts import TreeNode
 from clawgym.errors import UserError
 from clawgym.train.attention import TreePlan, enable_tree_attention, flex_block_mask, plan_blocks
+from clawgym.trees import training_nodes
 
 ATTENTIONS = ("segments", "dense", "flex")
 
@@ -102,26 +103,11 @@ def pack_tree(nodes: Sequence[TreeNode], *, only_trainable: bool = True) -> Pack
     rollout_id = nodes[0].rollout_id
     by_id, children = _children(nodes, rollout_id)
 
-    # Which nodes to pack: with only_trainable, those with a trainable node at or below them.
-    needed: dict[int, bool] = {}
-
-    def mark(nid: int) -> bool:
-        stack, order = [nid], []  # iterative: agent trees can be thousands of nodes deep
-        while stack:
-            x = stack.pop()
-            order.append(x)
-            stack.extend(children.get(x, ()))
-        for x in reversed(order):
-            needed[x] = by_id[x].trainable or any(needed[c] for c in children.get(x, ()))
-        return needed[nid]
-
     roots = children.get(-1, [])
     if not roots:
         raise UserError(f"rollout {rollout_id} has no root node (parent_id -1)")
-    for r in roots:
-        if only_trainable:
-            mark(r)
-    keep = (lambda nid: needed[nid]) if only_trainable else (lambda nid: True)
+    # Which nodes to pack: with only_trainable, the trainable ones and their ancestors (trees.training_nodes).
+    keep = {n.node_id for n in training_nodes(nodes)}.__contains__ if only_trainable else (lambda nid: True)
 
     ids, pos, prev_pos, node_of, parents_of_node, node_start = [], [], [], [], [], []
     pred, label, tgt, trn, rlp = [], [], [], [], []
@@ -190,14 +176,6 @@ def pack_tree(nodes: Sequence[TreeNode], *, only_trainable: bool = True) -> Pack
     )
 
 
-def group_nodes(nodes: Sequence[TreeNode]) -> dict[str, list[TreeNode]]:
-    """Rows of trees.parquet grouped by rollout, in file order."""
-    out: dict[str, list[TreeNode]] = defaultdict(list)
-    for n in nodes:
-        out[n.rollout_id].append(n)
-    return dict(out)
-
-
 def root_paths(tree: PackedTree) -> list[torch.Tensor]:
     """Positions (in the packed sequence) of every root-to-leaf path: the per-trajectory baseline."""
     prev = tree.prev_pos.tolist()
@@ -215,7 +193,6 @@ def root_paths(tree: PackedTree) -> list[torch.Tensor]:
 class MicroBatch:
     """Several packed trees padded to one length, with their scored tokens in row order."""
 
-    rows: list[int]  # indices of the packed trees in the caller's list
     input_ids: torch.Tensor  # [B, L] long
     position_ids: torch.Tensor  # [B, L] long
     attention_mask: object  # a TreePlan, [B, 1, L, L] bool, a FlexAttention BlockMask, or None (plain causal)
@@ -225,7 +202,7 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> "MicroBatch":
         mask = self.attention_mask.to(device) if isinstance(self.attention_mask, (torch.Tensor, TreePlan)) else self.attention_mask
-        return MicroBatch(self.rows, self.input_ids.to(device), self.position_ids.to(device), mask,
+        return MicroBatch(self.input_ids.to(device), self.position_ids.to(device), mask,
                           self.pred_index.to(device), self.target_ids.to(device), self.n_tokens)
 
 
@@ -279,7 +256,7 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
             mask[b, 0, pad[t.n_tokens:], pad[t.n_tokens:]] = True
         if attention == "flex":
             mask = flex_block_mask(mask)
-    return MicroBatch(list(rows), input_ids, position_ids, mask, torch.cat(pred_index), torch.cat(target_ids), n_tokens)
+    return MicroBatch(input_ids, position_ids, mask, torch.cat(pred_index), torch.cat(target_ids), n_tokens)
 
 
 def layer_mask(mb: MicroBatch):
