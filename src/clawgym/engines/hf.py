@@ -186,12 +186,17 @@ class HFEngine:
             if budget[i] == 0:
                 finish[i] = "length"
         version = self.policy_version
+        # The attention mask for the prompt and every token to come, on the device once: each decode
+        # step takes a longer view of it instead of copying a growing mask (quadratic on long prompts).
+        full_mask = torch.ones((B, L + max(budget)), dtype=torch.long, device=self.device)
+        full_mask[:, :L] = mask.to(self.device)
+        n = L
         with torch.inference_mode():
             cache = None
             for s in range(0, L, self.prefill_chunk):  # chunked prefill, each chunk attending to the cache
                 e = min(L, s + self.prefill_chunk)
                 extra = {self._cache_arg: cache} if cache is not None else {}
-                out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=mask[:, :e].to(self.device),
+                out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=full_mask[:, :e],
                                  position_ids=pos[:, s:e].to(self.device), use_cache=True, logits_to_keep=1, **extra)
                 cache = _cache_of(out)
             logits, last_pos = out.logits[:, -1, :].float(), pos[:, -1]
@@ -210,9 +215,9 @@ class HFEngine:
                         finish[i] = "length"
                 if all(finish):
                     break
-                mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
+                n += 1
                 last_pos = last_pos + 1
-                out = self.model(input_ids=nxt[:, None].to(self.device), attention_mask=mask.to(self.device),
+                out = self.model(input_ids=nxt[:, None].to(self.device), attention_mask=full_mask[:, :n],
                                  position_ids=last_pos[:, None].to(self.device), use_cache=True,
                                  **{self._cache_arg: cache})
                 cache, logits = _cache_of(out), out.logits[:, -1, :].float()

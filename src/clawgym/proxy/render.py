@@ -167,12 +167,14 @@ class RolloutTito:
 
     # -- rendering -----------------------------------------------------------------------------
 
-    def _prep(self, messages: list[Message]) -> tuple[list[dict], dict[int, Completion]]:
+    def _prep(self, messages: list[Message], keys: list[bytes] | None = None) -> tuple[list[dict], dict[int, Completion]]:
+        """Template dicts, with each assistant turn we generated replaced by a placeholder; `keys` are
+        the messages' `message_key`s when the caller has them already."""
         dicts, comps = [], {}
         for i, m in enumerate(messages):
             comp = None
             if m.role == "assistant":
-                comp = self.completions.get(message_key(m))
+                comp = self.completions.get(keys[i] if keys is not None else message_key(m))
                 if comp is None and m.tool_calls:  # the harness dropped or rewrote the text around its calls
                     comp = self.completions.get(assistant_key("\0", m.tool_calls))
             if comp is None:
@@ -185,11 +187,12 @@ class RolloutTito:
     def render(self, messages: list[Message], tools: list[ToolSpec]) -> RenderPlan:
         tools_d = [t.template_dict() for t in tools]
         h = hashlib.blake2b(orjson.dumps(tools_d, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        keys = [message_key(m) for m in messages]  # once per message: hashes and splicing both need them
         hashes = []
-        for m in messages:
-            h = hashlib.blake2b(h + message_key(m), digest_size=16).digest()
+        for key in keys:
+            h = hashlib.blake2b(h + key, digest_size=16).digest()
             hashes.append(h)
-        dicts, comps = self._prep(messages)
+        dicts, comps = self._prep(messages, keys)
         n_assist = sum(1 for m in messages if m.role == "assistant")
         k, node = next(((k, self.nodes[hashes[k - 1]]) for k in range(len(messages), 0, -1) if hashes[k - 1] in self.nodes),
                        (0, None))
@@ -201,11 +204,11 @@ class RolloutTito:
         # A full render once the rollout has a conversation means the harness rewrote history
         # (compaction, a stripped turn) or the template was not prefix-stable over the window.
         fallback = plan is None and bool(self.nodes)
-        audit_mismatch = False
-        if plan is not None and self.audit and self._full(dicts, comps, tools_d) != plan.prompt_ids:
+        audit_mismatch, ids = False, None
+        if plan is not None and self.audit and (ids := self._full(dicts, comps, tools_d)) != plan.prompt_ids:
             plan, fallback, audit_mismatch = None, True, True
         if plan is None:
-            ids = self._full(dicts, comps, tools_d)
+            ids = ids if ids is not None else self._full(dicts, comps, tools_d)
             base, blen = self._lcp_base(ids)
             plan = RenderPlan(ids, "full", len(comps), n_assist - len(comps), base, blen, fallback)
         plan.audit_mismatch = audit_mismatch
