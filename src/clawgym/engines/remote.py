@@ -52,7 +52,6 @@ class Replica:
     url: str
     down_until: float = 0.0
     """monotonic time before which routing skips this replica (after a connection failure)"""
-    failures: int = 0
 
 
 class VersionGate:
@@ -247,11 +246,10 @@ class RemoteEngine:
                     gen = await (self._vllm(rep, prompt_ids, sampling) if self.server == "vllm"
                                  else self._sglang(rep, prompt_ids, sampling))
                 except ReplicaUnreachable as e:  # an answered error is raised as is: another replica would say the same
-                    rep.failures += 1
                     rep.down_until = time.monotonic() + self.retry_after_s
                     last = e
                     continue
-                rep.failures, rep.down_until = 0, 0.0
+                rep.down_until = 0.0
                 gen.policy_version = version
                 return gen
             raise last or EngineError("no replica to send the request to")

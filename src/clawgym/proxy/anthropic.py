@@ -10,7 +10,6 @@ them, and Claude Code falls back to non-streaming calls without them.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -157,7 +156,6 @@ class Stream:
 
     def __init__(self, req: ChatRequest, msg_id: str, prompt_tokens: int):
         self.req, self.id, self.prompt_tokens = req, msg_id, prompt_tokens
-        self.created = int(time.time())
 
     def start(self) -> bytes:
         msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.req.model, "content": [],

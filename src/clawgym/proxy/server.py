@@ -79,7 +79,6 @@ class Rollout:
     seq: int = 0
     in_flight: int = 0
     errors: int = 0
-    created: float = field(default_factory=time.time)
     last_activity: float = field(default_factory=time.time)
     last_call: tuple[int, str, str] = (-1, "", "")
     """(seq, status, error) of the latest-started call that finished without being cancelled"""
@@ -272,7 +271,7 @@ class ProxyServer:
         parsed = self.parser.parse(text)
         finish = "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
         turn = Turn(parsed.text, parsed.tool_calls, parsed.reasoning, finish, len(call.plan.prompt_ids), len(gen.output_ids),
-                    gen.output_logprobs, gen.output_ids, stop_sequence=hit[2] if hit else None)
+                    stop_sequence=hit[2] if hit else None)  # the record takes its ids and logprobs from call.gen
         call.proto.assign_ids(turn)
         # Before the harness can see the answer: its next request must find these sampled ids.
         call.rollout.tito.add_completion(call.call_id, turn.text, turn.tool_calls, gen.output_ids)

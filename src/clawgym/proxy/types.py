@@ -153,8 +153,6 @@ class Turn:
     """stop | length | tool_calls"""
     prompt_tokens: int
     output_tokens: int
-    output_logprobs: list[float] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
     stop_sequence: str | None = None
     """the request's stop string that ended the turn, if one did"""
 
