@@ -159,15 +159,14 @@ def rollout(
 
     Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8000 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
-    from clawgym.rollout.judge import JudgeConfig
     from clawgym.rollout.runner import RolloutConfig, run_rollouts
     from clawgym.rollout.verifier import VerifierConfig
 
     options = {"script": str(script)} if script else {}
     if max_context:
         options["max_context"] = max_context
-    verifier = VerifierConfig(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
-    cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
+    verifier = VerifierConfig.with_judge(judge_url, judge_model)
+    cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
                         step=step, verifier=verifier, ray=ray, proxy_host=proxy_host)
@@ -289,12 +288,11 @@ def eval_(
     Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/quickstart/checkpoints/step-0012 --n 4 --out runs/eval
     """
     from clawgym.eval import evaluate
-    from clawgym.rollout.judge import JudgeConfig
     from clawgym.rollout.runner import RolloutConfig
     from clawgym.rollout.verifier import VerifierConfig
 
-    verifier = VerifierConfig(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
-    cfg = RolloutConfig(tasks=tasks, harnesses=[h.strip() for h in harness.split(",") if h.strip()], out=out, n=n,
+    verifier = VerifierConfig.with_judge(judge_url, judge_model)
+    cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier)
     report = evaluate(cfg, err)
     report.print(Console())
@@ -442,6 +440,11 @@ def harness_list() -> None:
         h = make()
         table.add_row(name, h.protocol, h.missing() or "ready")
     Console().print(table)
+
+
+def _names(csv: str) -> list[str]:
+    """A comma-separated option as a list, blanks dropped."""
+    return [h.strip() for h in csv.split(",") if h.strip()]
 
 
 def main() -> None:

@@ -142,16 +142,14 @@ def _proxy(recipe: Recipe, run_dir: Path, policy: Path, version: int):
 
 def _rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *, tasks: Path | None = None,
                     n: int | None = None, harnesses: list[str] | None = None):
-    from clawgym.rollout.judge import JudgeConfig
     from clawgym.rollout.runner import RolloutConfig
     from clawgym.rollout.verifier import VerifierConfig
 
     ro = recipe.rollout
-    judge = JudgeConfig(base_url=ro.judge_url, model=ro.judge_model) if ro.judge_url else None
     return RolloutConfig(tasks=tasks or ro.tasks, harnesses=harnesses or ro.harnesses, out=out, n=n or ro.n,
                          concurrency=ro.concurrency, engine=recipe.engine.name, engine_options=dict(recipe.engine.options),
                          timeout_s=ro.timeout, sandbox=ro.sandbox, network=ro.network, step=step,
-                         policy_version=policy_version, harness_options=ro.harness_options, verifier=VerifierConfig(judge=judge),
+                         policy_version=policy_version, harness_options=ro.harness_options, verifier=VerifierConfig.with_judge(ro.judge_url, ro.judge_model),
                          ray=recipe.ray.address, ray_num_cpus=recipe.ray.num_cpus, proxy_host=recipe.ray.proxy_host)
 
 

@@ -43,6 +43,11 @@ class VerifierConfig:
     rubric_aggregate: str = "mean"
     """mean (PinchBench, ClawGym) | weighted (by the rubric's criterion weights)"""
 
+    @classmethod
+    def with_judge(cls, judge_url: str | None, judge_model: str = "judge") -> "VerifierConfig":
+        """Code checks, plus the rubric judge at `judge_url` when there is one (the CLI's and recipes' options)."""
+        return cls(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
+
 
 @dataclass
 class CodeResult:
