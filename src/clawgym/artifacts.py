@@ -609,8 +609,8 @@ def delta_against(call: CallRecord, base: CallRecord | None, base_seq: Sequence[
     conversation a request extends. With no base or under 16 shared tokens the prompt stays full.
     """
     prompt = list(call.prompt_ids)
-    n = _common_prefix(base_seq, prompt) if base is not None else 0
-    if base is None or n < 16:
+    n = common_prefix(base_seq, prompt) if base is not None else 0
+    if base is None or n < MIN_SHARED_PREFIX:
         return dataclasses.replace(call, prompt_base_call=None, prompt_base_len=0)
     return dataclasses.replace(call, prompt_ids=prompt[n:], prompt_base_call=base.call_id, prompt_base_len=n)
 
@@ -623,7 +623,7 @@ def delta_encode_calls(calls: Sequence[CallRecord]) -> list[CallRecord]:
         earlier = seen.setdefault(c.rollout_id, [])
         best, best_seq, best_n = None, [], -1
         for e, seq in earlier:
-            n = _common_prefix(seq, c.prompt_ids)
+            n = common_prefix(seq, c.prompt_ids)
             if n > best_n:
                 best, best_seq, best_n = e, seq, n
         out.append(delta_against(c, best, best_seq))
@@ -631,12 +631,19 @@ def delta_encode_calls(calls: Sequence[CallRecord]) -> list[CallRecord]:
     return out
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+MIN_SHARED_PREFIX = 16
+"""a call's prompt is stored as a delta only when it shares at least this many tokens with its base"""
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share (vectorized: prompts run to tens of thousands)."""
+    import numpy as np
+
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
 
 
 def materialize_prompts(calls: Sequence[CallRecord], path: str | os.PathLike = "<calls>") -> list[CallRecord]:

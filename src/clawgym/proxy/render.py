@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import orjson
 
+from clawgym.artifacts import MIN_SHARED_PREFIX, common_prefix
 from clawgym.proxy.types import Message, ToolCall, ToolSpec
 
 _SENT = re.compile("\ue000(\\d+)\ue001")
@@ -252,13 +252,8 @@ class RolloutTito:
         node, call_id = self.last
         comp = self.by_call.get(call_id)
         seq = node.chain[: node.length] + (comp.output_ids if comp else [])
-        n = min(len(seq), len(ids))
-        if n == 0:
-            return None, 0
-        a, b = np.asarray(seq[:n]), np.asarray(ids[:n])
-        diff = np.flatnonzero(a != b)
-        lcp = int(diff[0]) if diff.size else n
-        return (call_id, lcp) if lcp >= 16 else (None, 0)
+        lcp = common_prefix(seq, ids)
+        return (call_id, lcp) if lcp >= MIN_SHARED_PREFIX else (None, 0)
 
     # -- state updates -------------------------------------------------------------------------
 
