@@ -9,6 +9,7 @@ generation and the like). Adapters are looked up by name in `clawgym.rollout.har
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -99,3 +100,16 @@ def classify_by_tools(tool_names: list[str], main_tool_names: list[str]) -> str:
     if main_tool_names and sorted(tool_names) != sorted(main_tool_names):
         return "subagent"
     return "main"
+
+
+def json_lines(stdout: str) -> list[dict]:
+    """The JSON objects a harness printed one per line (`--json`, stream-json), other lines skipped."""
+    out = []
+    for line in stdout.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out

@@ -8,11 +8,10 @@ update checks, title generation) off, so the only connections it opens are to th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text, json_lines
 
 VERSION = "2.1.197"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
@@ -71,11 +70,4 @@ class ClaudeCode(npm.NpmHarness):
 
 def _last_result(stdout: str) -> dict | None:
     """The final `{"type": "result", ...}` line of stream-json output."""
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("type") == "result":
-            return obj
-    return None
+    return next((e for e in reversed(json_lines(stdout)) if e.get("type") == "result"), None)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text, json_lines
 
 VERSION = "0.171.0"
 PACKAGE = f"@openai/codex@{VERSION}"
@@ -66,7 +66,7 @@ class Codex(npm.NpmHarness):
         return Launch(argv=argv, env=env, files={".codex/config.toml": config})
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
-        events = _events(stdout)
+        events = json_lines(stdout)
         if exit_code == 0 and any(e.get("type") == "turn.completed" for e in events):
             messages = [e["item"].get("text") for e in events
                         if e.get("type") == "item.completed" and isinstance(e.get("item"), dict) and e["item"].get("type") == "agent_message"]
@@ -83,15 +83,3 @@ class Codex(npm.NpmHarness):
         if any(m in last_user_text.lower() for m in _COMPACTION_MARKERS):
             return "compaction"
         return classify_by_tools(tool_names, main_tool_names)
-
-
-def _events(stdout: str) -> list[dict]:
-    out = []
-    for line in stdout.splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
