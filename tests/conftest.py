@@ -18,6 +18,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Fast tests first, so a failure shows within minutes: unmarked tests, then `slow`, then `learning`
+# (whole training runs, the slowest). The sort is stable, so the file order holds within a tier.
+TIERS = ("learning", "slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def tier(item: pytest.Item) -> int:
+        for rank, name in enumerate(TIERS):
+            if item.get_closest_marker(name) is not None:
+                return len(TIERS) - rank
+        return 0
+
+    items.sort(key=tier)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory of `clawgym init-model --size tiny --seed 0`, shared by the whole session (read-only)."""

@@ -284,6 +284,7 @@ def test_vllm_options_are_checked():
         VLLMOptions.parse({"gpu_mem": 0.5})
 
 
+@pytest.mark.slow
 def test_serve_proxy_engine_flags_are_checked(tiny_model):
     import os
     import subprocess

@@ -38,6 +38,7 @@ ALGOS = {"grpo": "", "ppo": "value_lr = 0.001\nvalue_warmup_steps = 4\n"}
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.timeout(1800)  # ~9.5 min alone on 2 cores; pytest's default limit (600 s) is too tight
 @pytest.mark.parametrize("algo", sorted(ALGOS))
 def test_policy_learns_the_toy_tasks(algo: str, tmp_path: Path) -> None:

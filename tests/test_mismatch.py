@@ -88,6 +88,7 @@ def test_selection_errors(tiny_model, tmp_path):
         measure(tmp_path / "nope.parquet", model)
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table(hf_calls, tiny_model):
     env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
     out = subprocess.run([sys.executable, "-m", "clawgym.cli", "mismatch", "--calls", str(hf_calls), "--model", str(tiny_model)],

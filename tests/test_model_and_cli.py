@@ -128,6 +128,7 @@ def _leaf_commands() -> list[list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_every_command_has_help_with_an_example() -> None:
     commands = _leaf_commands()
     assert ["init-model"] in commands and ["inspect"] in commands
@@ -144,6 +145,7 @@ def test_version_and_root_help() -> None:
     assert r.returncode == 0 and "init-model" in r.stdout and "inspect" in r.stdout
 
 
+@pytest.mark.slow
 def test_usage_error_exits_2_and_runtime_error_exits_1_with_one_line(tmp_path: Path) -> None:
     r = clawgym("init-model")
     assert r.returncode == 2 and "Missing argument 'DIR'" in r.stderr
@@ -159,6 +161,7 @@ def test_usage_error_exits_2_and_runtime_error_exits_1_with_one_line(tmp_path: P
     assert r.returncode == 1 and r.stderr.strip().endswith("missing.parquet: no such file or directory")
 
 
+@pytest.mark.slow
 def test_inspect_model_directory(tiny_model: Path) -> None:
     r = clawgym("inspect", str(tiny_model))
     assert r.returncode == 0, r.stderr
