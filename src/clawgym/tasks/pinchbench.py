@@ -18,7 +18,7 @@ import yaml
 from clawgym.errors import UserError
 from clawgym.tasks.flags import needs_from_text, reads_transcript, tools_from_code
 from clawgym.tasks.rubric import Criterion, write_rubric
-from clawgym.tasks.source import ImportContext, check_id, inside, mapping, number, read_text, sequence
+from clawgym.tasks.source import ImportContext, check_id, inside, mapping, number, one_line, read_text, sequence
 from clawgym.tasks.spec import safe_relpath
 from clawgym.tasks.writer import TaskDraft
 
@@ -105,7 +105,7 @@ def _pinch_draft(md: Path, assets: Path | str, categories: dict[str, str], versi
     try:
         fm = yaml.safe_load(m.group(1)) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"{md}: front matter is not valid YAML ({e})") from None
+        raise UserError(f"{md}: front matter is not valid YAML ({one_line(e)})") from None
     if not isinstance(fm, dict):
         raise UserError(f"{md}: front matter must be a mapping")
     task_id = check_id(fm.get("id", md.stem), f"{md}: field 'id'")
@@ -205,7 +205,7 @@ def _categories(manifest: Path, ctx: ImportContext) -> dict[str, str]:
                 out[str(i)] = str(cat)
         return out
     except yaml.YAMLError as e:
-        problem = f"not valid YAML ({str(e).splitlines()[0]})"
+        problem = f"not valid YAML ({one_line(e)})"
     except UserError as e:
         problem = str(e).removeprefix(f"{manifest}: ")
     ctx.notes.append((str(manifest), f"{problem}; categories are taken from each task's front matter"))

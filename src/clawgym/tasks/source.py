@@ -21,7 +21,7 @@ from clawgym.tasks.spec import TASK_ID_RE, read_text
 # (tests/test_tasks_fuzz.py) fails on it, so each one found gets its own check.
 UNEXPECTED = "unexpected error"
 
-__all__ = ["UNEXPECTED", "ImportContext", "read_text", "number", "mapping", "sequence", "check_id", "inside"]
+__all__ = ["UNEXPECTED", "ImportContext", "read_text", "number", "mapping", "sequence", "check_id", "inside", "one_line"]
 
 
 def number(value: Any, where: str, *, positive: bool = False) -> float:
@@ -68,6 +68,11 @@ def inside(path: Path, root: Path, where: str) -> Path:
     if not target.is_relative_to(root.resolve()):
         raise UserError(f"{where}: {path} leads outside {root} (to {target}); links that leave the source tree are refused")
     return path
+
+
+def one_line(error: object) -> str:
+    """An error's text on one line (YAML errors span several, with a caret under the spot)."""
+    return " ".join(str(error).split())
 
 
 def _short(value: Any) -> str:
