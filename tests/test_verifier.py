@@ -13,7 +13,7 @@ import pytest
 from clawgym.artifacts import RolloutRecord, read_table, write_table
 from clawgym.rollout.judge import JudgeConfig, parse_judge_output
 from clawgym.rollout.sandbox import SandboxConfig, open_sandbox
-from clawgym.rollout.verifier import NO_JUDGE_NOTE, VerifierConfig, parse_check_output, verify
+from clawgym.rollout.verifier import NO_JUDGE_NOTE, RUBRIC_SKIPPED, VerifierConfig, parse_check_output, verify
 from clawgym.tasks import load_task
 from clawgym.tasks.rubric import parse_rubric
 
@@ -110,7 +110,8 @@ def test_code_only_without_judge(task_dir: Path, sandbox) -> None:
     assert verify(task, sandbox).reward == 0.5
     (sandbox.workspace / "report.md").write_text("total: 42\n")
     r = verify(task, sandbox)
-    assert r.reward == 1.0 and r.subscores == {"code/exists": 1.0, "code/has_total": 1.0}
+    # the skipped rubric part is in the reward detail: its weight, under a key no check can have
+    assert r.reward == 1.0 and r.subscores == {"code/exists": 1.0, "code/has_total": 1.0, RUBRIC_SKIPPED: pytest.approx(0.3)}
 
 
 def test_judge_combines_07_03(task_dir: Path, sandbox) -> None:
@@ -210,7 +211,7 @@ def test_result_maps_onto_rollout_record(task_dir: Path, sandbox, tmp_path: Path
                         sample_index=0, status="ok", reward=None, n_calls=3, wall_time_s=1.0, policy_version=0)
     rec = r.apply(rec)
     assert (rec.reward, rec.code_score, rec.rubric_score, rec.code_weight, rec.rubric_weight) == (1.0, 1.0, None, 1.0, 0.0)
-    assert json.loads(rec.subscores_json) == {"code/exists": 1.0, "code/has_total": 1.0}
+    assert json.loads(rec.subscores_json) == {"code/exists": 1.0, "code/has_total": 1.0, RUBRIC_SKIPPED: pytest.approx(0.3)}
     write_table(tmp_path / "rollouts.parquet", [rec], RolloutRecord)
     assert read_table(tmp_path / "rollouts.parquet", RolloutRecord)[0].reward == 1.0
 

@@ -353,17 +353,21 @@ def tasks_import(
     dst: Path = typer.Argument(..., help="Folder to write native task folders into (one per task)."),
     source: str = typer.Option(..., "--from", help="pinchbench | clawgym | harbor"),
     force: bool = typer.Option(False, "--force", help="Overwrite task folders that already exist in DST."),
+    assets: Optional[Path] = typer.Option(None, "--assets", help="PinchBench's assets folder when it is not SRC/assets; it may lie outside SRC (links leaving SRC are refused otherwise)."),
 ) -> None:
     """Convert a PinchBench, ClawGym or Harbor task set into native task folders.
 
     Each task keeps its source's scoring rule; a task that cannot be converted is skipped with its reason.
+    Two tasks with the same id: the first is imported, the second skipped with both named.
 
     Example: clawgym tasks import --from clawgym ../shared/tasks/clawgym-bench tasks/clawgym-bench
     """
     from clawgym.tasks.importers import import_tasks
 
     with err.status(f"importing {source} tasks from {src}"):
-        report = import_tasks(source, src, dst, force=force)
+        report = import_tasks(source, src, dst, force=force, assets=assets)
+    for name, problem in report.notes:
+        err.print(f"[yellow]note[/] {name}: {problem}", highlight=False, soft_wrap=True)
     for name, reason in report.skipped:
         err.print(f"[yellow]skipped[/] {name}: {reason}", highlight=False, soft_wrap=True)
     typer.echo(f"imported {len(report.imported)} task(s) into {dst}; skipped {len(report.skipped)}")

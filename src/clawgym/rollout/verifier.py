@@ -30,6 +30,9 @@ from clawgym.rollout.sandbox import Sandbox, SandboxError
 from clawgym.tasks.spec import Task
 
 NO_JUDGE_NOTE = "no judge configured: code score only"
+# Sub-score naming the rubric weight left out when no judge is configured (docs/tasks.md); outside
+# the code/ and rubric/ namespaces so no check or criterion name can collide with it.
+RUBRIC_SKIPPED = "rubric_skipped"
 
 
 @dataclass
@@ -230,6 +233,7 @@ def verify(task: Task, sandbox: Sandbox, *, transcript: list | None = None, fina
     if task.rubric is not None and wr > 0:
         if config.judge is None:
             notes.append(NO_JUDGE_NOTE)
+            subs[RUBRIC_SKIPPED] = wr  # the record keeps subscores, not notes: say the rubric part was left out
         else:
             rubric = judge_rubric(task, sandbox.workspace, config.judge, transcript=transcript,
                                   final_message=final_message, aggregate=config.rubric_aggregate)
@@ -268,4 +272,4 @@ def verify(task: Task, sandbox: Sandbox, *, transcript: list | None = None, fina
 
 
 __all__ = ["VerifierConfig", "VerifierResult", "CodeResult", "JudgeConfig", "verify", "run_code_checks",
-           "parse_check_output", "SandboxError", "NO_JUDGE_NOTE"]
+           "parse_check_output", "SandboxError", "NO_JUDGE_NOTE", "RUBRIC_SKIPPED"]

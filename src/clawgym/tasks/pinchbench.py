@@ -16,9 +16,10 @@ from typing import Callable, Iterator
 import yaml
 
 from clawgym.errors import UserError
-from clawgym.tasks.importers import TRANSCRIPT_RE, _check_id, _needs_from_text, _tools_from_code
+from clawgym.tasks.flags import needs_from_text, reads_transcript, tools_from_code
 from clawgym.tasks.rubric import Criterion, write_rubric
-from clawgym.tasks.spec import check_tree, safe_relpath
+from clawgym.tasks.source import ImportContext, check_id, inside, mapping, number, one_line, read_text, sequence
+from clawgym.tasks.spec import safe_relpath
 from clawgym.tasks.writer import TaskDraft
 
 # ---------------------------------------------------------------------------------------------
@@ -95,18 +96,19 @@ def _pinch_rubric(sections: dict[str, str]) -> str | None:
     return write_rubric(criteria, preamble)
 
 
-def _pinch_draft(md: Path, assets: Path, categories: dict[str, str], version: str) -> TaskDraft:
-    text = md.read_text(encoding="utf-8")
+def _pinch_draft(md: Path, assets: Path | str, categories: dict[str, str], version: str) -> TaskDraft:
+    """One task file -> a draft. `assets` is the assets root, or why it may not be used."""
+    text = read_text(inside(md, md.parent, str(md)))  # a task file linked out of its folder would be read in
     m = re.match(r"^---\s*\n(.*?)\n---\s*\n(.*)$", text, re.S)
     if not m:
         raise UserError(f"{md}: no YAML front matter between '---' lines")
     try:
         fm = yaml.safe_load(m.group(1)) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"{md}: front matter is not valid YAML ({e})") from None
+        raise UserError(f"{md}: front matter is not valid YAML ({one_line(e)})") from None
     if not isinstance(fm, dict):
         raise UserError(f"{md}: front matter must be a mapping")
-    task_id = _check_id(fm.get("id", md.stem), f"{md}: field 'id'")
+    task_id = check_id(fm.get("id", md.stem), f"{md}: field 'id'")
     sections = split_sections(m.group(2))
     grading = fm.get("grading_type", "automated")
     if grading not in ("automated", "llm_judge", "hybrid"):
@@ -118,15 +120,17 @@ def _pinch_draft(md: Path, assets: Path, categories: dict[str, str], version: st
     rubric = _pinch_rubric(sections) if grading != "automated" else None
     if grading != "automated" and rubric is None:
         raise UserError(f"{md}: grading_type '{grading}' needs '## LLM Judge Rubric' or a '## Grading Criteria' checklist")
-    gw = fm.get("grading_weights") or {}
-    if not isinstance(gw, dict):
-        raise UserError(f"{md}: field 'grading_weights' must be a mapping")
-    w_code, w_rubric = {"automated": (1.0, 0.0), "llm_judge": (0.0, 1.0)}.get(
-        grading, (float(gw.get("automated", 0.5)), float(gw.get("llm_judge", 0.5)))
+    gw = mapping(fm.get("grading_weights"), f"{md}: field 'grading_weights'")
+    w_code, w_rubric = {"automated": (1.0, 0.0), "llm_judge": (0.0, 1.0)}.get(grading) or (
+        number(gw.get("automated", 0.5), f"{md}: field 'grading_weights.automated'"),
+        number(gw.get("llm_judge", 0.5), f"{md}: field 'grading_weights.llm_judge'"),
     )
+    if grading == "hybrid" and w_code + w_rubric <= 0:
+        raise UserError(f"{md}: field 'grading_weights' must have a positive sum, got {w_code} and {w_rubric}")
+    timeout = number(fm.get("timeout_seconds", 600), f"{md}: field 'timeout_seconds'", positive=True)
 
     draft = TaskDraft(id=task_id, instruction="", toml={})
-    for i, wf in enumerate(fm.get("workspace_files") or []):
+    for i, wf in enumerate(sequence(fm.get("workspace_files"), f"{md}: field 'workspace_files'")):
         where = f"{md}: workspace_files[{i}]"
         if not isinstance(wf, dict):
             raise UserError(f"{where}: must be a mapping with path+content or source+dest")
@@ -136,15 +140,17 @@ def _pinch_draft(md: Path, assets: Path, categories: dict[str, str], version: st
         elif "source" in wf:
             src_rel = safe_relpath(str(wf["source"]), f"{where} field 'source'")
             dest = str(safe_relpath(str(wf.get("dest") or src_rel.name), f"{where} field 'dest'"))
+            if isinstance(assets, str):
+                raise UserError(f"{where}: {assets}")
             src = assets.joinpath(*src_rel.parts)
             if not src.exists():
                 raise UserError(f"{where}: asset '{wf['source']}' not found under {assets}")
-            draft.workspace_copy[dest] = src
+            draft.workspace_copy[dest] = inside(src, assets, f"{where} asset '{wf['source']}'")
         else:
             raise UserError(f"{where}: needs 'path'+'content' or 'source'+'dest'")
 
     sessions = []
-    for i, s in enumerate(fm.get("sessions") or []):
+    for i, s in enumerate(sequence(fm.get("sessions"), f"{md}: field 'sessions'")):
         if not isinstance(s, dict) or not str(s.get("prompt", "")).strip():
             raise UserError(f"{md}: sessions[{i}] needs a 'prompt'")
         sessions.append({"name": str(s.get("id", f"session_{i + 1}")), "instruction": str(s["prompt"]), "new_session": bool(s.get("new_session", False))})
@@ -153,13 +159,13 @@ def _pinch_draft(md: Path, assets: Path, categories: dict[str, str], version: st
         raise UserError(f"{md}: '## Prompt' is missing or empty")
     draft.instruction = prompt
 
-    prereq = [str(p) for p in fm.get("prerequisites") or []]
-    needs = _needs_from_text(prompt + "\n" + "\n".join(s["instruction"] for s in sessions))
+    prereq = [str(p) for p in sequence(fm.get("prerequisites"), f"{md}: field 'prerequisites'")]
+    needs = needs_from_text(prompt + "\n" + "\n".join(s["instruction"] for s in sessions))
     if any(p.startswith(("npm:", "cli:")) for p in prereq):
         needs.add("services")
-    if code and TRANSCRIPT_RE.search(code):
+    if code and reads_transcript(code):
         needs.add("transcript")
-    tools = sorted(set(_tools_from_code(code or "")) | {p.split(":", 1)[1] for p in prereq if p.startswith("cli:")})
+    tools = sorted(set(tools_from_code(code or "")) | {p.split(":", 1)[1] for p in prereq if p.startswith("cli:")})
 
     if code:
         draft.tests_text["grade.py"] = code
@@ -176,7 +182,7 @@ def _pinch_draft(md: Path, assets: Path, categories: dict[str, str], version: st
             "grading_type": grading,
             "prerequisites": prereq,
         },
-        "agent": {"timeout_sec": float(fm.get("timeout_seconds", 600))},
+        "agent": {"timeout_sec": timeout},
         "verifier": {
             "timeout_sec": 120.0,
             "kind": "check" if code else "none",
@@ -188,23 +194,48 @@ def _pinch_draft(md: Path, assets: Path, categories: dict[str, str], version: st
     return draft
 
 
-def iter_pinchbench(src: Path) -> Iterator[tuple[str, Callable[[], TaskDraft]]]:
+def _categories(manifest: Path, ctx: ImportContext) -> dict[str, str]:
+    """task id -> category from manifest.yaml; a bad manifest is noted and each task's own
+    front-matter category is used instead (it only names categories, so no task is skipped)."""
+    try:
+        doc = mapping(yaml.safe_load(read_text(manifest)), "the document")
+        out = {}
+        for cat, ids in mapping(doc.get("categories"), "field 'categories'").items():
+            for i in sequence(ids, f"field 'categories.{cat}'"):
+                out[str(i)] = str(cat)
+        return out
+    except yaml.YAMLError as e:
+        problem = f"not valid YAML ({one_line(e)})"
+    except UserError as e:
+        problem = str(e).removeprefix(f"{manifest}: ")
+    ctx.notes.append((str(manifest), f"{problem}; categories are taken from each task's front matter"))
+    return {}
+
+
+def _assets_root(checkout: Path, ctx: ImportContext) -> Path | str:
+    """The assets root, or why it may not be used: SRC/assets must stay inside the checkout (an
+    `assets` link to a host folder would copy host files into workspaces); a root the user named
+    with --assets is trusted wherever it is."""
+    if ctx.assets is not None:
+        return ctx.assets
+    assets = checkout / "assets"
+    if assets.exists() and not assets.resolve().is_relative_to(checkout.resolve()):
+        return (f"{assets} leads outside the source tree (to {assets.resolve()}); links that leave it are "
+                "refused: name the assets root with --assets to use it")
+    return assets
+
+
+def iter_pinchbench(src: Path, ctx: ImportContext) -> Iterator[tuple[str, Callable[[], TaskDraft]]]:
     tasks_dir = src / "tasks" if (src / "tasks").is_dir() else src
     files = sorted(tasks_dir.glob("task_*.md")) if tasks_dir.is_dir() else []
     if src.is_file() and src.suffix == ".md":
         tasks_dir, files = src.parent, [src]
     if not files:
         raise UserError(f"{src}: no PinchBench task files (tasks/task_*.md)")
-    check_tree(tasks_dir, str(tasks_dir))  # a task file linked out of the folder would be read in
-    assets = tasks_dir.parent / "assets"
-    categories: dict[str, str] = {}
+    assets = _assets_root(tasks_dir.parent, ctx)
     manifest = tasks_dir / "manifest.yaml"
-    if manifest.is_file():
-        doc = yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}
-        for cat, ids in (doc.get("categories") or {}).items():
-            for i in ids or []:
-                categories[str(i)] = str(cat)
+    categories = _categories(manifest, ctx) if manifest.is_file() else {}
     vfile = tasks_dir.parent / "BENCHMARK_VERSION"
-    version = vfile.read_text().strip() if vfile.is_file() else "unknown"
+    version = vfile.read_text(encoding="utf-8", errors="replace").strip() if vfile.is_file() else "unknown"
     for md in files:
         yield md.name, lambda md=md: _pinch_draft(md, assets, categories, version)

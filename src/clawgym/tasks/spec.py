@@ -159,6 +159,17 @@ def check_tree(root: Path, label: str) -> None:
                     raise UserError(f"{label}: symlink '{rel}' points outside the task folder ({os.readlink(p)})")
 
 
+def read_text(path: Path, where: str | None = None) -> str:
+    """The UTF-8 text of `path`, or UserError naming it (not UTF-8, unreadable)."""
+    where = where or str(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    except OSError as e:
+        raise UserError(f"{where}: cannot be read ({e.strerror or e})") from None
+
+
 BINARY_SUFFIXES = {".pdf", ".xlsx", ".xls", ".docx", ".doc", ".pptx", ".ppt", ".png", ".jpg", ".jpeg", ".gif", ".webp",
                    ".bmp", ".zip", ".gz", ".tar", ".mp3", ".mp4", ".wav", ".sqlite", ".db", ".parquet", ".pkl"}
 
@@ -219,8 +230,8 @@ def load_task(path: str | os.PathLike) -> Task:
         raise UserError(f"{label}: missing task.toml")
     check_tree(root, label)  # before reading anything: task.toml itself may be a link leading out
     try:
-        doc = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        doc = tomllib.loads(read_text(toml_path, f"{label}/task.toml"))
+    except tomllib.TOMLDecodeError as e:
         raise UserError(f"{label}/task.toml: not valid TOML ({e})") from None
 
     meta = _table(doc, "metadata", f"{label}/task.toml")
@@ -237,7 +248,7 @@ def load_task(path: str | os.PathLike) -> Task:
     instr_path = root / "instruction.md"
     if not instr_path.is_file():
         raise UserError(f"{label}: missing instruction.md")
-    instruction = instr_path.read_text(encoding="utf-8")
+    instruction = read_text(instr_path, f"{label}/instruction.md")
     if not instruction.strip():
         raise UserError(f"{label}/instruction.md: is empty")
 
@@ -270,7 +281,7 @@ def load_task(path: str | os.PathLike) -> Task:
     rubric = None
     rubric_path = root / "tests" / "rubric.md"
     if rubric_path.is_file():
-        rubric = parse_rubric(rubric_path.read_text(encoding="utf-8"), f"{label}/tests/rubric.md")
+        rubric = parse_rubric(read_text(rubric_path, f"{label}/tests/rubric.md"), f"{label}/tests/rubric.md")
         for c in rubric.criteria:
             for f in c.files:
                 safe_relpath(f, f"{label}/tests/rubric.md: criterion '{c.name}' Files")

@@ -23,6 +23,7 @@ from rich.table import Table
 from clawgym.errors import UserError
 from clawgym.rollout.sandbox import SandboxConfig, SandboxError, open_sandbox
 from clawgym.rollout.verifier import VerifierConfig, verify
+from clawgym.tasks.source import UNEXPECTED
 from clawgym.tasks.spec import find_task_dirs, load_task
 
 NOOP_BUCKETS = ("0", "(0, 0.25]", "(0.25, 0.5]", "(0.5, 1]", "no code checks", "check error", "invalid")
@@ -87,12 +88,17 @@ def validate_one(path: Path, sandbox: str = "local", sandbox_config: SandboxConf
     rep = TaskReport(path=str(path))
     try:
         task = load_task(path)
+        flags = sorted(task.flags())
     except UserError as e:
         rep.status, rep.error, rep.seconds = "invalid", str(e), time.monotonic() - t0
         return rep
+    except Exception as e:  # noqa: BLE001 - one malformed folder must not end the report
+        rep.status, rep.error = "invalid", f"{UNEXPECTED}: {type(e).__name__}: {e}"
+        rep.seconds = time.monotonic() - t0
+        return rep
     rep.id, rep.category, rep.verifier = task.id, task.category, task.verifier_kind
     rep.weights = f"{task.code_weight:g}/{task.rubric_weight:g}"
-    rep.flags = sorted(task.flags())
+    rep.flags = flags
     if not task.has_code_checks:
         rep.status = "no_code"
     else:

@@ -118,36 +118,52 @@ def write_task(draft: TaskDraft, dst_root: Path, *, force: bool = False) -> Task
     final = dst_root / draft.id
     if final.exists() and not force:
         raise UserError(f"{final}: already exists (pass --force to overwrite)")
-    dst_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{draft.id}.", dir=dst_root))
     try:
-        (tmp / "task.toml").write_text(dump_toml(draft.toml), encoding="utf-8")
-        (tmp / "instruction.md").write_text(draft.instruction.rstrip() + "\n", encoding="utf-8")
-        ws = tmp / "workspace"
-        ws.mkdir()
-        for rel, text in draft.workspace_text.items():
-            p = safe_join(ws, rel, f"{draft.id}: workspace file")
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text, encoding="utf-8")
-        for rel, src in draft.workspace_copy.items():
-            _copy(src, safe_join(ws, rel, f"{draft.id}: workspace file") if rel else ws)
-        tests = tmp / "tests"
-        if draft.tests_text or draft.tests_copy:
-            tests.mkdir()
-        for rel, src in draft.tests_copy.items():
-            _copy(src, safe_join(tests, rel, f"{draft.id}: tests file") if rel else tests)
-        for rel, text in draft.tests_text.items():
-            p = safe_join(tests, rel, f"{draft.id}: tests file")
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text, encoding="utf-8")
-        for rel, src in draft.extra_copy.items():
-            _copy(src, safe_join(tmp, rel, f"{draft.id}: folder"))
-        check_tree(tmp, f"{draft.id}")
-        task = load_task(tmp)  # validate before it becomes visible
+        toml_text = dump_toml(draft.toml)
+    except ValueError as e:  # a value TOML cannot hold (NaN, a date a source carried along)
+        raise UserError(f"{draft.id}: task.toml: {e}") from None
+    try:
+        dst_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{draft.id}.", dir=dst_root))
+    except OSError as e:
+        raise UserError(f"{dst_root}: cannot write a task folder here ({e.strerror or e})") from None
+    try:
+        _fill(tmp, draft, toml_text)
+        load_task(tmp)  # validate before it becomes visible
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except (OSError, UnicodeError) as e:  # a full disk, or text with lone surrogates from a source's JSON
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UserError(f"{final}: could not be written ({reason}); nothing was left behind") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return load_task(final)
+
+
+def _fill(tmp: Path, draft: TaskDraft, toml_text: str) -> None:
+    """Write every part of `draft` into the (empty) folder `tmp`."""
+    (tmp / "task.toml").write_text(toml_text, encoding="utf-8")
+    (tmp / "instruction.md").write_text(draft.instruction.rstrip() + "\n", encoding="utf-8")
+    ws = tmp / "workspace"
+    ws.mkdir()
+    for rel, text in draft.workspace_text.items():
+        p = safe_join(ws, rel, f"{draft.id}: workspace file")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+    for rel, src in draft.workspace_copy.items():
+        _copy(src, safe_join(ws, rel, f"{draft.id}: workspace file") if rel else ws)
+    tests = tmp / "tests"
+    if draft.tests_text or draft.tests_copy:
+        tests.mkdir()
+    for rel, src in draft.tests_copy.items():
+        _copy(src, safe_join(tests, rel, f"{draft.id}: tests file") if rel else tests)
+    for rel, text in draft.tests_text.items():
+        p = safe_join(tests, rel, f"{draft.id}: tests file")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+    for rel, src in draft.extra_copy.items():
+        _copy(src, safe_join(tmp, rel, f"{draft.id}: folder"))
+    check_tree(tmp, f"{draft.id}")
