@@ -7,8 +7,10 @@ One rollout, read top to bottom (`_run_one`):
 3. launch the harness with the task's instruction; wait for it to exit or for the wall-clock
    timeout (the sandbox kills the whole process group);
 4. settle: wait until the proxy has no call of this rollout in flight and its record count holds;
-5. copy the hidden tests in and run the verifier on the final workspace;
-6. append the rollout's row to `results.jsonl` (fsync'd), close the rollout and the sandbox.
+5. build the rollout's transcript (its harness adapter, from the proxy's conversation log and the
+   harness's output); copy the hidden tests in and run the verifier on the final workspace with it;
+6. append the rollout's row to `results.jsonl` and its transcript to `transcripts.jsonl` (both
+   fsync'd), close the rollout and the sandbox.
 
 Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
 `harness_error` (scored as is: a crash is the policy's outcome too); a sandbox, proxy or start
@@ -172,6 +174,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
         for p in todo:  # a rollout that did not finish last time starts from scratch
             proxy.discard_records(p.rollout_id)
         results = A.JsonlWriter(results_path)
+        transcripts = A.JsonlWriter(out / "transcripts.jsonl")
         state = _Progress(console, len(plans), len(done))
         open_sandboxes: dict[str, Any] = {}
         lock = threading.Lock()
@@ -188,10 +191,13 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
                 rec = remote.run(plan)
             else:
                 rec = _run_one(plan, harnesses[plan.harness], proxy, config, open_sandboxes)
+            transcript = rec.pop("transcript", None)  # travels with the row (from a Ray worker too), saved apart
             if interrupted.is_set():  # cut short by Ctrl-C (its sandbox closed): not finished, so a rerun runs it again
                 return rec
             with lock:
                 results.append(rec)
+                if transcript is not None:
+                    transcripts.append(transcript)
             state.finished(rec)
             return rec
 
@@ -211,6 +217,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             results.close()
+            transcripts.close()
         rollouts = [A.rows_from_dicts([done[p.rollout_id]], A.RolloutRecord, results_path)[0] for p in plans if p.rollout_id in done]
         calls = proxy.collect_calls([r.rollout_id for r in rollouts], copy_to=out / "records")
     calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, config.model or proxy.model_dir)
@@ -230,7 +237,7 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
     task, rid = plan.task, plan.rollout_id
     rec = _record(plan, config, node=this_node())
     t0 = time.monotonic()
-    sb = None
+    sb, transcript = None, None
     try:
         # 1. register with the proxy
         reg = proxy.register(rid)
@@ -254,7 +261,7 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
         if status["calls_recorded"] < status["calls_started"]:  # e.g. the records disk is full
             raise ProxyUnavailable(f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
                                    "calls could not be recorded (see the proxy's log)")
-        final = None
+        final, transcript = None, _transcript(harness, proxy, plan, run.stdout())
         if run.timed_out:
             rec.status, rec.error = "timeout", f"killed after {timeout:.0f} s"
         else:
@@ -268,7 +275,7 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
             rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
         # 5. score the final workspace (an infra error is excluded, so it is not scored)
         if rec.status != "infra_error":
-            rec = verify(task, sb, final_message=final, config=config.verifier).apply(rec)  # appends its error
+            rec = verify(task, sb, transcript=transcript, final_message=final, config=config.verifier).apply(rec)  # appends its error
     except Exception as e:  # a sandbox, proxy or disk failure, or one rollout's bug: excluded and reported, never
         rec.status, rec.reward, rec.error = "infra_error", None, f"{type(e).__name__}: {e}"  # stopping the others
     finally:
@@ -277,7 +284,18 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
             sb.close()
         proxy.close_rollout(rid)
     rec.wall_time_s = time.monotonic() - t0
-    return dataclasses.asdict(rec)
+    return dataclasses.asdict(rec) | ({"transcript": transcript.to_json()} if transcript is not None else {})
+
+
+def _transcript(harness: Harness, proxy: "ProxyClient", plan: _Plan, stdout: str) -> A.Transcript:
+    """The rollout's transcript, built by its harness adapter from the proxy's conversation log and its output."""
+    try:
+        calls = proxy.conversation(plan.rollout_id)
+    except ProxyUnavailable:  # a proxy without the conversation route: the harness's own output alone
+        calls = []
+    t = harness.transcript(stdout, calls)
+    t.rollout_id, t.harness = plan.rollout_id, plan.harness
+    return t
 
 
 def this_node() -> str:
