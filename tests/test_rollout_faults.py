@@ -161,9 +161,11 @@ def test_fifty_rollouts_at_concurrency_16_all_settle(tmp_path: Path, tiny_model:
 def test_a_timeout_during_a_model_call_is_scored_and_settles(tmp_path: Path, tiny_model: Path) -> None:
     # The harness is killed while the proxy is still generating its answer: the rollout is a
     # timeout scored as is (not an infra error), and the call it abandoned is recorded as cancelled.
-    make_task(tmp_path / "tasks", "stuck", timeout=4)
+    # The clock must outlast the harness's start and first tool call even on a busy machine (4 s did
+    # not); the second answer is held back far longer, so the kill always lands inside that call.
+    make_task(tmp_path / "tasks", "stuck", timeout=20)
     s = script(tmp_path / "script.jsonl", {
-        "stuck.agentloop.0": [tool_call("write", path="out.txt", content="hi"), {"text": "Done.", "delay_s": 120}],
+        "stuck.agentloop.0": [tool_call("write", path="out.txt", content="hi"), {"text": "Done.", "delay_s": 600}],
     })
     summary = run_rollouts(config(tmp_path, tiny_model, s, settle_timeout_s=20))
     (r,) = summary.rollouts

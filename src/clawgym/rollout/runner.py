@@ -16,7 +16,8 @@ Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on
 `harness_error` (scored as is: a crash is the policy's outcome too); a sandbox, proxy or start
 failure is `infra_error` with a null reward, excluded from training, and so is a timeout or harness
 error whose last model call failed in the engine (the harness gave up on it, or was still retrying
-it). One rollout's failure never stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
+it). When several things fail at once, the root cause is judged by a fixed order of evidence
+(`failure.py`), not by which symptom arrived first. One rollout's failure never stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
 `--out` skips rollouts already in `results.jsonl`, so a killed run resumes without losing or
 duplicating a rollout; a rollout that had not finished, or ended as `infra_error` (a lost node, an
 engine outage: nothing the policy did), is run again from scratch, and its new row supersedes the
@@ -46,6 +47,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
+from clawgym.rollout.failure import Evidence, root_cause
 from clawgym.rollout.harnesses import HARNESSES, Endpoint, Harness
 from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable, start_local_proxy
 from clawgym.rollout.sandbox import ProxyEndpoint, SandboxConfig, open_sandbox
@@ -238,46 +240,46 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
     rec = _record(plan, config, node=this_node())
     t0 = time.monotonic()
     sb, transcript = None, None
+    evidence = Evidence()  # every symptom first; the root cause is judged once, by a fixed order (failure.py)
+    final = None
     try:
-        # 1. register with the proxy
-        reg = proxy.register(rid)
-        # 2. a fresh sandbox seeded from the task's workspace
-        sb_config = SandboxConfig(network=config.network, proxy=ProxyEndpoint(proxy.port, host=proxy.host),
-                                  hide=[Path(config.tasks).resolve()])
-        sb = open_sandbox(config.sandbox, task.workspace_dir, sb_config, sandbox_id=rid.replace("/", "_"))
-        open_sandboxes[rid] = sb
-        # a namespaced sandbox reaches the proxy at 127.0.0.1 through its relay; others (and a proxy
-        # on another node, with Ray) at the proxy's own address
-        host = proxy.host if sb.network in ("host", "blackhole") else "127.0.0.1"
-        endpoint = Endpoint(base_url=f"http://{host}:{proxy.port}/r/{rid}", api_key=reg["api_key"])
-        # 3. the harness, until it exits or the clock runs out
-        launch = harness.launch(task.instruction, Path(sb.path_inside(sb.workspace)), Path(sb.path_inside(sb.home)), endpoint)
-        launch.write_files(Path(sb.home))
-        timeout = config.timeout_s or task.agent_timeout_s
-        run = sb.run(launch.argv, env=launch.env, timeout=timeout, name="harness")
-        # 4. settle the proxy's records of this rollout
-        status = proxy.settle(rid, timeout=config.settle_timeout_s)
-        rec.n_calls = status["calls_recorded"]
-        if status["calls_recorded"] < status["calls_started"]:  # e.g. the records disk is full
-            raise ProxyUnavailable(f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
-                                   "calls could not be recorded (see the proxy's log)")
-        final, transcript = None, _transcript(harness, proxy, plan, run.stdout())
-        if run.timed_out:
-            rec.status, rec.error = "timeout", f"killed after {timeout:.0f} s"
-        else:
-            outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
-            rec.status, rec.error, final = outcome.status, outcome.message, outcome.final_message
-        if rec.status in ("timeout", "harness_error") and (failed := _engine_failed_last(status)):
-            # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
-            rec.status, rec.error = "infra_error", f"the model engine failed on the last call ({failed}); {rec.error}"
-        blocked = sb.blocked_attempts()
+        try:
+            # 1. register with the proxy
+            reg = proxy.register(rid)
+        except Exception as e:
+            evidence.add("infra", f"{type(e).__name__}: {e}")
+        try:
+            if evidence.found:
+                raise _Skipped
+            # 2. a fresh sandbox seeded from the task's workspace
+            sb_config = SandboxConfig(network=config.network, proxy=ProxyEndpoint(proxy.port, host=proxy.host),
+                                      hide=[Path(config.tasks).resolve()])
+            sb = open_sandbox(config.sandbox, task.workspace_dir, sb_config, sandbox_id=rid.replace("/", "_"))
+            open_sandboxes[rid] = sb
+        except _Skipped:
+            pass
+        except Exception as e:
+            evidence.add("sandbox_setup", f"{type(e).__name__}: {e}")
+        if sb is not None:
+            try:
+                final, transcript = _run_harness(plan, harness, proxy, config, sb, reg["api_key"], evidence, rec)
+            except Exception as e:  # a proxy or disk failure, or one rollout's bug: excluded and reported
+                evidence.add("infra", f"{type(e).__name__}: {e}")
+            _check_sandbox(sb, evidence)
+        # 5. the root cause decides the status; only what the policy did (ok, its crash, its timeout) is scored
+        cause = root_cause(evidence)
+        rec.status, rec.error = (cause[1], cause[2]) if cause else ("ok", "")
+        blocked = sb.blocked_attempts() if sb is not None else []
         if blocked:
             rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
-        # 5. score the final workspace (an infra error is excluded, so it is not scored)
         if rec.status != "infra_error":
-            rec = verify(task, sb, transcript=transcript, final_message=final, config=config.verifier).apply(rec)  # appends its error
-    except Exception as e:  # a sandbox, proxy or disk failure, or one rollout's bug: excluded and reported, never
-        rec.status, rec.reward, rec.error = "infra_error", None, f"{type(e).__name__}: {e}"  # stopping the others
+            try:
+                rec = verify(task, sb, transcript=transcript, final_message=final, config=config.verifier).apply(rec)  # appends its error
+            except Exception as e:
+                evidence.add("infra", f"verifier: {type(e).__name__}: {e}")
+                _check_sandbox(sb, evidence)
+                _, rec.status, rec.error = root_cause(evidence)
+                rec.reward = None
     finally:
         if sb is not None:
             open_sandboxes.pop(rid, None)
@@ -296,6 +298,53 @@ def _transcript(harness: Harness, proxy: "ProxyClient", plan: _Plan, stdout: str
     t = harness.transcript(stdout, calls)
     t.rollout_id, t.harness = plan.rollout_id, plan.harness
     return t
+
+
+def _run_harness(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: RolloutConfig, sb: Any, api_key: str,
+                 evidence: Evidence, rec: A.RolloutRecord) -> tuple[str | None, A.Transcript]:
+    """Steps 3-4 of a rollout: launch the harness, wait, settle the records; what went wrong goes to
+    `evidence`. Returns the agent's final message and the rollout's transcript."""
+    # a namespaced sandbox reaches the proxy at 127.0.0.1 through its relay; others (and a proxy
+    # on another node, with Ray) at the proxy's own address
+    host = proxy.host if sb.network in ("host", "blackhole") else "127.0.0.1"
+    endpoint = Endpoint(base_url=f"http://{host}:{proxy.port}/r/{plan.rollout_id}", api_key=api_key)
+    # 3. the harness, until it exits or the clock runs out
+    launch = harness.launch(plan.task.instruction, Path(sb.path_inside(sb.workspace)), Path(sb.path_inside(sb.home)), endpoint)
+    launch.write_files(Path(sb.home))
+    timeout = config.timeout_s or plan.task.agent_timeout_s
+    run = sb.run(launch.argv, env=launch.env, timeout=timeout, name="harness")
+    # 4. settle the proxy's records of this rollout
+    status = proxy.settle(plan.rollout_id, timeout=config.settle_timeout_s)
+    rec.n_calls = status["calls_recorded"]
+    if status["calls_recorded"] < status["calls_started"]:  # e.g. the records disk is full
+        evidence.add("infra", f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
+                              "calls could not be recorded (see the proxy's log)")
+    final, ended_ok, transcript = None, False, _transcript(harness, proxy, plan, run.stdout())
+    if run.timed_out:
+        evidence.add("timeout", f"killed after {timeout:.0f} s")
+    else:
+        outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
+        final, ended_ok = outcome.final_message, outcome.status == "ok"
+        if outcome.status == "harness_error":
+            evidence.add("harness", outcome.message)
+        elif outcome.status == "infra_error":  # the harness's word that its endpoint failed: a symptom
+            evidence.add("endpoint", outcome.message)
+    if not ended_ok and (failed := _engine_failed_last(status)):
+        # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
+        evidence.add("engine", f"the last call failed there ({failed})")
+    return final, transcript
+
+
+class _Skipped(Exception):
+    """The sandbox is not opened: the proxy refused the rollout already."""
+
+
+def _check_sandbox(sb: Any, evidence: Evidence) -> None:
+    """Evidence that the sandbox's own folders vanished under the rollout (deleted by hand, a cleaner, a full reset)."""
+    missing = [name for name in ("workspace", "home", "logs") if not Path(getattr(sb, name)).is_dir()]
+    if missing:
+        evidence.add("sandbox_gone", f"its {' and '.join(missing)} folder{'s' if len(missing) > 1 else ''} "
+                                     f"({Path(sb.workspace).parent}) disappeared while the rollout ran")
 
 
 def this_node() -> str:
