@@ -4,7 +4,7 @@ small task in their own sandbox against an in-process proxy (scripted engine).
 The model's answers are scripted: one shell tool call (each harness's own tool: Claude Code's
 `Bash`, Codex's `exec_command`, OpenClaw's `exec`) that writes out.txt, then a final text. The
 right content scores 1, a wrong one 0; the records of every rollout are settled, each call is
-classified as the main agent's, and the second prompt extends the first prompt plus its sampled
+classified as the main agent's, each rollout's transcript holds its shell call and result, and the second prompt extends the first prompt plus its sampled
 tokens (token in, token out through each protocol).
 
 The binaries come from `clawgym harness install NAME` (pinned npm versions); without one, its test
@@ -86,6 +86,18 @@ def test_real_harness_solves_a_task_through_the_runner(harness: str, tmp_path: P
         assert json.loads(r.subscores_json) == {"code/content": want}
         assert "outside connection" not in r.error, r.error  # the quiet settings reach nothing but the proxy
     assert summary.n_calls == 2 * n
+
+    # what the agent did reached the verifier and transcripts.jsonl: the prompt, its shell call with
+    # the scripted arguments, the real tool result, the final answer
+    transcripts = A.read_transcripts(tmp_path / "out" / "transcripts.jsonl")
+    for i in range(n):
+        t = transcripts[f"hello.{harness}.{i}"]
+        assert (t.harness, t.source, t.final_answer) == (harness, "proxy", "Done: wrote out.txt"), t
+        assert any(INSTRUCTION in m.text for m in t.messages if m.role == "user")
+        name, args = shell(COMMANDS[i])
+        assert [(c.name, c.arguments) for m in t.messages for c in m.tool_calls] == [(name, args)]
+        (result,) = [m for m in t.messages if m.role == "tool"]
+        assert result.tool_name == name and result.tool_call_id
 
     calls = A.materialize_prompts(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord))
     for i in range(n):

@@ -218,7 +218,7 @@ def test_models_route_and_auth_headers_fuzzed(proxy, server_errors):
 
 ADMIN_ROUTES = [("POST", "/admin/rollouts"), ("GET", "/admin/rollouts/{id}"), ("DELETE", "/admin/rollouts/{id}"),
                 ("POST", "/admin/rollouts/{id}/script"), ("POST", "/admin/reload"), ("GET", "/admin/health"),
-                ("GET", "/admin/metrics")]
+                ("GET", "/admin/metrics"), ("GET", "/admin/rollouts/{id}/conversation")]
 
 
 @pytest.mark.parametrize("method,path", ADMIN_ROUTES)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from clawgym.artifacts import Transcript, TranscriptMessage
 from clawgym.cli import app
 from clawgym.errors import UserError
 from clawgym.rollout.sandbox import SandboxConfig, open_sandbox
@@ -222,7 +223,7 @@ def test_pinchbench_import_reproduces_scoring(tmp_path: Path) -> None:
     with open_sandbox("local", t.workspace_dir, SandboxConfig(network="blackhole")) as sb:
         assert verify(t, sb).code_score == 0.0
         (sb.workspace / "out.txt").write_text("HELLO")
-        r = verify(t, sb, transcript=[{"type": "message"}])
+        r = verify(t, sb, transcript=Transcript(messages=[TranscriptMessage("user", "go")]))
     # PinchBench's rule: the unweighted mean of grade()'s criteria, with the transcript passed in.
     assert r.code_score == pytest.approx(1.0) and r.subscores["code/saw_transcript"] == 1.0
 

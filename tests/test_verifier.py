@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clawgym.artifacts import RolloutRecord, read_table, write_table
+from clawgym.artifacts import RolloutRecord, Transcript, TranscriptMessage, TranscriptToolCall, read_table, write_table
 from clawgym.rollout.judge import JudgeConfig, parse_judge_output
 from clawgym.rollout.sandbox import SandboxConfig, open_sandbox
 from clawgym.rollout.verifier import NO_JUDGE_NOTE, RUBRIC_SKIPPED, VerifierConfig, parse_check_output, verify
@@ -119,7 +119,7 @@ def test_judge_combines_07_03(task_dir: Path, sandbox) -> None:
     try:
         (sandbox.workspace / "report.md").write_text("total: 42\n")
         (sandbox.workspace / "scratch.txt").write_text("side file")
-        r = verify(load_task(task_dir), sandbox, transcript=[{"type": "message", "message": {"role": "assistant", "content": [{"type": "toolCall", "name": "write", "arguments": {"path": "report.md"}}]}}],
+        r = verify(load_task(task_dir), sandbox, transcript=Transcript(messages=[TranscriptMessage("assistant", "", [TranscriptToolCall("c1", "write", {"path": "report.md"})])]),
                    config=VerifierConfig(judge=judge.config))
     finally:
         judge.close()
@@ -200,7 +200,8 @@ def test_transcript_and_final_message_reach_the_check(task_dir: Path, sandbox) -
         "import json, os\nt = json.load(open(os.environ['CLAWGYM_TRANSCRIPT']))\nm = open(os.environ['CLAWGYM_FINAL_MESSAGE']).read()\n"
         "print(json.dumps({'events': len(t) == 2, 'final': m == 'done'}))\n"
     )
-    r = verify(load_task(task_dir), sandbox, transcript=[{}, {}], final_message="done")
+    r = verify(load_task(task_dir), sandbox, transcript=Transcript(messages=[TranscriptMessage("user", "go"), TranscriptMessage("assistant", "done")]),
+               final_message="done")
     assert r.code_score == 1.0
 
 

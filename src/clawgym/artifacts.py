@@ -178,6 +178,74 @@ class TreeNode:
         return self.kept and self.kind == "model" and self.role == "main"
 
 
+@dataclass
+class TranscriptToolCall:
+    """One tool call the agent made, with its arguments (a dict, or the raw string when not a JSON object)."""
+
+    id: str
+    name: str
+    arguments: Any
+
+
+@dataclass
+class TranscriptMessage:
+    """One message of a rollout's normalized transcript (docs/architecture.md, "transcripts.jsonl")."""
+
+    role: str
+    """user | assistant | tool"""
+    text: str = ""
+    tool_calls: list[TranscriptToolCall] = field(default_factory=list)
+    """assistant: the tool calls of this turn"""
+    tool_call_id: str = ""
+    """tool: the call this result answers"""
+    tool_name: str = ""
+    """tool: the name of that call, when known"""
+    reasoning: str = ""
+    """assistant: the model's thinking, when the harness or the proxy saw it"""
+
+
+@dataclass
+class Transcript:
+    """What the agent did in one rollout: one line of transcripts.jsonl (system prompts left out)."""
+
+    rollout_id: str = ""
+    harness: str = ""
+    source: str = "none"
+    """proxy | claude-code-stream-json | codex-json | none: what it was built from"""
+    final_answer: str | None = None
+    messages: list[TranscriptMessage] = field(default_factory=list)
+
+    KIND: ClassVar[str] = "transcripts"
+    SOURCES: ClassVar[tuple[str, ...]] = ("proxy", "claude-code-stream-json", "codex-json", "none")
+
+    def to_json(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "kind": self.KIND, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, rec: dict, path: str | os.PathLike = "<transcripts>") -> "Transcript":
+        """Validate one line of transcripts.jsonl; the error names the file and the field."""
+        if rec.get("kind") != cls.KIND:
+            raise ArtifactError(path, "kind", f"is {rec.get('kind')!r}, expected '{cls.KIND}'")
+        if rec.get("schema_version") != SCHEMA_VERSION:
+            raise ArtifactError(path, "schema_version", f"is {rec.get('schema_version')!r}, this clawgym reads version {SCHEMA_VERSION}")
+        if rec.get("source") not in cls.SOURCES:
+            raise ArtifactError(path, "source", f"unknown value {rec.get('source')!r}; allowed: {', '.join(cls.SOURCES)}")
+        msgs = rec.get("messages")
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and m.get("role") in ("user", "assistant", "tool") for m in msgs):
+            raise ArtifactError(path, "messages", f"of rollout {rec.get('rollout_id')!r} must be a list of user/assistant/tool messages")
+        try:
+            messages = [TranscriptMessage(**{**m, "tool_calls": [TranscriptToolCall(**c) for c in m.get("tool_calls") or []]})
+                        for m in msgs]
+        except TypeError as e:
+            raise ArtifactError(path, "messages", f"of rollout {rec.get('rollout_id')!r}: {e}") from None
+        return cls(str(rec.get("rollout_id", "")), str(rec.get("harness", "")), rec["source"], rec.get("final_answer"), messages)
+
+
+def read_transcripts(path: str | os.PathLike) -> dict[str, Transcript]:
+    """transcripts.jsonl -> {rollout id: transcript}; a rerun rollout's last line wins (as in results.jsonl)."""
+    return {t.rollout_id: t for t in (Transcript.from_json(r, path) for r in read_jsonl(path).records)}
+
+
 CallRecord.SCHEMA = pa.schema(
     [
         ("rollout_id", pa.string()),

@@ -329,7 +329,7 @@ def mismatch(
 @app.command("inspect")
 def inspect(
     path: Path = typer.Argument(..., metavar="PATH", help="A Parquet artifact, a JSONL log, a model directory, or a run directory."),
-    rollout: Optional[str] = typer.Option(None, help="For trees.parquet: draw this rollout's tree."),
+    rollout: Optional[str] = typer.Option(None, help="For trees.parquet: draw this rollout's tree; for transcripts.jsonl: print its conversation."),
     tokenizer: Optional[Path] = typer.Option(None, help="For trees.parquet: a model dir whose tokenizer decodes node text."),
 ) -> None:
     """Print a readable summary of any clawgym artifact or model directory.

@@ -1,7 +1,8 @@
 """`clawgym inspect PATH`: a readable summary of any artifact, model directory or run directory.
 
 Parquet tables (calls, rollouts, trees) show their schema version, rows, columns and the statistics
-a user checks first; JSONL logs show their records, keys and any torn line; a model directory shows
+a user checks first; JSONL logs show their records, keys and any torn line (transcripts.jsonl: its
+rollouts and tool calls, or with --rollout one rollout's conversation); a model directory shows
 its architecture, parameter count, vocabulary and whether its chat template renders a tool-using
 conversation with single-token tool-call markers; a directory lists the artifacts it holds.
 """
@@ -17,6 +18,7 @@ from typing import Callable, Optional
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clawgym import artifacts as A
@@ -38,7 +40,7 @@ def inspect_path(path: Path, console: Console, *, rollout: Optional[str] = None,
         if kind not in _TABLES:
             raise UserError(f"{path}: not a clawgym table (metadata kind is {kind!r}; expected one of {', '.join(_TABLES)})")
         if rollout is not None and kind != "trees":
-            raise UserError(f"--rollout applies to trees.parquet, not to a {kind} table")
+            raise UserError(f"--rollout applies to trees.parquet and transcripts.jsonl, not to a {kind} table")
         row_type, summarize = _TABLES[kind]
         table = A.read_arrow(path, row_type)
         _header(console, path, kind, table.num_rows, table.column_names)
@@ -47,7 +49,7 @@ def inspect_path(path: Path, console: Console, *, rollout: Optional[str] = None,
             _draw_tree(table, rollout, console, tokenizer, path)
         return
     if path.suffix == ".jsonl":
-        return inspect_jsonl(path, console)
+        return inspect_jsonl(path, console, rollout=rollout)
     raise UserError(f"{path}: don't know how to inspect a '{path.suffix or 'suffix-less'}' file (expected .parquet, .jsonl or a directory)")
 
 
@@ -177,8 +179,12 @@ _TABLES: dict[str, tuple[type, Callable]] = {
 }
 
 
-def inspect_jsonl(path: Path, console: Console) -> None:
+def inspect_jsonl(path: Path, console: Console, rollout: Optional[str] = None) -> None:
     read = A.read_jsonl(path)
+    if read.records and read.records[0].get("kind") == A.Transcript.KIND:
+        return inspect_transcripts(path, console, rollout)
+    if rollout is not None:
+        raise UserError(f"--rollout applies to trees.parquet and transcripts.jsonl, not to {path.name}")
     keys = collections.Counter(k for r in read.records for k in r)
     console.print(f"[bold]{path}[/]  JSONL log, {len(read.records):,} complete records")
     if read.torn:
@@ -188,6 +194,35 @@ def inspect_jsonl(path: Path, console: Console) -> None:
     if read.records and "step" in keys and all(k.startswith(A.METRIC_PREFIXES) or k in ("step", "time") for k in keys):
         return _metrics_table(read.records, console)
     console.print(_kv_table("fields", [(k, f"in {v} records") for k, v in keys.most_common(30)]))
+
+
+def inspect_transcripts(path: Path, console: Console, rollout: Optional[str] = None) -> None:
+    """transcripts.jsonl: per rollout its source, messages and tool calls; with `rollout`, its conversation."""
+    by_id = A.read_transcripts(path)
+    if rollout is not None:
+        t = by_id.get(rollout)
+        if t is None:
+            raise UserError(f"{path}: no rollout '{rollout}' (some that exist: {', '.join(sorted(by_id)[:5])})")
+        return _print_conversation(t, console)
+    console.print(f"[bold]{path}[/]  transcripts, schema_version {A.SCHEMA_VERSION}, {len(by_id):,} rollouts")
+    table = Table("rollout", "harness", "source", "messages", "tool calls", "final answer", title_justify="left")
+    for t in by_id.values():
+        names = collections.Counter(c.name for m in t.messages for c in m.tool_calls)
+        calls = ", ".join(f"{n}×{k}" for n, k in names.most_common(4)) or "-"
+        final = "-" if t.final_answer is None else repr(t.final_answer[:40])
+        table.add_row(t.rollout_id, t.harness, t.source, str(len(t.messages)), calls, final)
+    console.print(table)
+
+
+def _print_conversation(t: A.Transcript, console: Console) -> None:
+    console.print(f"[bold]{t.rollout_id}[/]  {t.harness}, from {t.source}, {len(t.messages)} messages")
+    for m in t.messages:
+        head = {"user": "[cyan]user[/]", "assistant": "[green]assistant[/]", "tool": f"[yellow]tool {escape(m.tool_name)}[/]"}[m.role]
+        if m.text:
+            console.print(f"{head}: {escape(m.text[:300])}", highlight=False)
+        for c in m.tool_calls:
+            console.print(f"{head} calls [bold]{escape(c.name)}[/] {escape(json.dumps(c.arguments, ensure_ascii=False)[:200])}", highlight=False)
+    console.print(escape(f"final answer: {t.final_answer!r}" if t.final_answer is not None else "final answer: (none)"), highlight=False)
 
 
 def _metrics_table(records: list[dict], console: Console) -> None:

@@ -3,6 +3,7 @@
     POST   /admin/rollouts                 {"rollout_id"?, "role"?, "script"?: [...]} -> base URLs + API key
     GET    /admin/rollouts/{id}            status for settling: calls recorded, in flight, last activity,
                                            the last answered call's status and error
+    GET    /admin/rollouts/{id}/conversation  each call's new messages and parsed answer (`conversation.py`)
     DELETE /admin/rollouts/{id}            forget a finished rollout's render state, close its file
     POST   /admin/rollouts/{id}/script     {"items": [...]} queue model texts (scripted engine)
     POST   /admin/reload                   {"checkpoint": DIR} -> new policy_version
@@ -133,6 +134,12 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
         r = server.rollouts.get(request.match_info["id"])
         return _err(404, f"unknown rollout '{request.match_info['id']}'") if r is None else _json(status(r))
 
+    async def conversation(request: web.Request) -> web.Response:
+        r = server.rollouts.get(request.match_info["id"])
+        if r is None:
+            return _err(404, f"unknown rollout '{request.match_info['id']}'")
+        return _json({"rollout_id": r.id, "calls": r.conversation.to_json()})
+
     async def close(request: web.Request) -> web.Response:
         r = server.rollouts.pop(request.match_info["id"], None)
         if r is None:
@@ -176,6 +183,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
     r = app.router
     r.add_post("/admin/rollouts", authed(register))
     r.add_get("/admin/rollouts/{id}", authed(get_status))
+    r.add_get("/admin/rollouts/{id}/conversation", authed(conversation))
     r.add_delete("/admin/rollouts/{id}", authed(close))
     r.add_post("/admin/rollouts/{id}/script", authed(push_script))
     r.add_post("/admin/reload", authed(reload))

@@ -38,6 +38,7 @@ from clawgym.artifacts import CallRecord
 from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling, make_engine
 from clawgym.proxy import anthropic, openai_chat, openai_responses
 from clawgym.proxy.admin import Metrics
+from clawgym.proxy.conversation import ConversationLog
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy.toolparse import PARSERS
@@ -82,6 +83,8 @@ class Rollout:
     last_activity: float = field(default_factory=time.time)
     last_call: tuple[int, str, str] = (-1, "", "")
     """(seq, status, error) of the latest-started call that finished without being cancelled"""
+    conversation: ConversationLog = field(default_factory=ConversationLog)
+    """what each call said and answered, for the rollout's transcript"""
 
 
 class ProxyServer:
@@ -243,6 +246,7 @@ class ProxyServer:
         rollout.in_flight += 1
         rollout.last_activity = started
         rollout.tito.commit(plan, call_id)
+        rollout.conversation.add_request(call_id, seq, req)
         self.metrics.gauge_add("clawgym_proxy_in_flight", 1)
         n_prompt = len(plan.prompt_ids)
         max_new = min(req.max_tokens or self.config.default_max_tokens, window - n_prompt)
@@ -275,6 +279,7 @@ class ProxyServer:
         call.proto.assign_ids(turn)
         # Before the harness can see the answer: its next request must find these sampled ids.
         call.rollout.tito.add_completion(call.call_id, turn.text, turn.tool_calls, gen.output_ids)
+        call.rollout.conversation.add_output(call.call_id, turn)
         call.turn = turn
         return turn
 

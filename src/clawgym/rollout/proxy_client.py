@@ -71,6 +71,10 @@ class ProxyClient:
             raise ProxyUnavailable(f"rollout {rollout_id} did not settle within {timeout:.0f} s")
         return st
 
+    def conversation(self, rollout_id: str) -> list[dict]:
+        """What each call of the rollout said and answered (the proxy's `conversation.py`), in arrival order."""
+        return self.admin("GET", f"/admin/rollouts/{rollout_id}/conversation")["calls"]
+
     def close_rollout(self, rollout_id: str) -> None:
         try:
             self.admin("DELETE", f"/admin/rollouts/{rollout_id}")

@@ -7,8 +7,10 @@ One rollout, read top to bottom (`_run_one`):
 3. launch the harness with the task's instruction; wait for it to exit or for the wall-clock
    timeout (the sandbox kills the whole process group);
 4. settle: wait until the proxy has no call of this rollout in flight and its record count holds;
-5. copy the hidden tests in and run the verifier on the final workspace;
-6. append the rollout's row to `results.jsonl` (fsync'd), close the rollout and the sandbox.
+5. build the rollout's transcript (its harness adapter, from the proxy's conversation log and the
+   harness's output); copy the hidden tests in and run the verifier on the final workspace with it;
+6. append the rollout's row to `results.jsonl` and its transcript to `transcripts.jsonl` (both
+   fsync'd), close the rollout and the sandbox.
 
 Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
 `harness_error` (scored as is: a crash is the policy's outcome too); a sandbox, proxy or start
@@ -174,6 +176,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
         for p in todo:  # a rollout that did not finish last time starts from scratch
             proxy.discard_records(p.rollout_id)
         results = A.JsonlWriter(results_path)
+        transcripts = A.JsonlWriter(out / "transcripts.jsonl")
         state = _Progress(console, len(plans), len(done))
         open_sandboxes: dict[str, Any] = {}
         lock = threading.Lock()
@@ -190,10 +193,13 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
                 rec = remote.run(plan)
             else:
                 rec = _run_one(plan, harnesses[plan.harness], proxy, config, open_sandboxes)
+            transcript = rec.pop("transcript", None)  # travels with the row (from a Ray worker too), saved apart
             if interrupted.is_set():  # cut short by Ctrl-C (its sandbox closed): not finished, so a rerun runs it again
                 return rec
             with lock:
                 results.append(rec)
+                if transcript is not None:
+                    transcripts.append(transcript)
             state.finished(rec)
             return rec
 
@@ -213,6 +219,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             results.close()
+            transcripts.close()
         rollouts = [A.rows_from_dicts([done[p.rollout_id]], A.RolloutRecord, results_path)[0] for p in plans if p.rollout_id in done]
         calls = proxy.collect_calls([r.rollout_id for r in rollouts], copy_to=out / "records")
     calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, config.model or proxy.model_dir)
@@ -232,7 +239,7 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
     task, rid = plan.task, plan.rollout_id
     rec = _record(plan, config, node=this_node())
     t0 = time.monotonic()
-    sb = None
+    sb, transcript = None, None
     evidence = Evidence()  # every symptom first; the root cause is judged once, by a fixed order (failure.py)
     final = None
     try:
@@ -255,7 +262,7 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
             evidence.add("sandbox_setup", f"{type(e).__name__}: {e}")
         if sb is not None:
             try:
-                final = _run_harness(plan, harness, proxy, config, sb, reg["api_key"], evidence, rec)
+                final, transcript = _run_harness(plan, harness, proxy, config, sb, reg["api_key"], evidence, rec)
             except Exception as e:  # a proxy or disk failure, or one rollout's bug: excluded and reported
                 evidence.add("infra", f"{type(e).__name__}: {e}")
             _check_sandbox(sb, evidence)
@@ -267,7 +274,7 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
             rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
         if rec.status != "infra_error":
             try:
-                rec = verify(task, sb, final_message=final, config=config.verifier).apply(rec)  # appends its error
+                rec = verify(task, sb, transcript=transcript, final_message=final, config=config.verifier).apply(rec)  # appends its error
             except Exception as e:
                 evidence.add("infra", f"verifier: {type(e).__name__}: {e}")
                 _check_sandbox(sb, evidence)
@@ -279,13 +286,24 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
             sb.close()
         proxy.close_rollout(rid)
     rec.wall_time_s = time.monotonic() - t0
-    return dataclasses.asdict(rec)
+    return dataclasses.asdict(rec) | ({"transcript": transcript.to_json()} if transcript is not None else {})
+
+
+def _transcript(harness: Harness, proxy: "ProxyClient", plan: _Plan, stdout: str) -> A.Transcript:
+    """The rollout's transcript, built by its harness adapter from the proxy's conversation log and its output."""
+    try:
+        calls = proxy.conversation(plan.rollout_id)
+    except ProxyUnavailable:  # a proxy without the conversation route: the harness's own output alone
+        calls = []
+    t = harness.transcript(stdout, calls)
+    t.rollout_id, t.harness = plan.rollout_id, plan.harness
+    return t
 
 
 def _run_harness(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: RolloutConfig, sb: Any, api_key: str,
-                 evidence: Evidence, rec: A.RolloutRecord) -> str | None:
+                 evidence: Evidence, rec: A.RolloutRecord) -> tuple[str | None, A.Transcript]:
     """Steps 3-4 of a rollout: launch the harness, wait, settle the records; what went wrong goes to
-    `evidence`. Returns the agent's final message."""
+    `evidence`. Returns the agent's final message and the rollout's transcript."""
     # a namespaced sandbox reaches the proxy at 127.0.0.1 through its relay; others (and a proxy
     # on another node, with Ray) at the proxy's own address
     host = proxy.host if sb.network in ("host", "blackhole") else "127.0.0.1"
@@ -301,7 +319,7 @@ def _run_harness(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Ro
     if status["calls_recorded"] < status["calls_started"]:  # e.g. the records disk is full
         evidence.add("infra", f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
                               "calls could not be recorded (see the proxy's log)")
-    final, ended_ok = None, False
+    final, ended_ok, transcript = None, False, _transcript(harness, proxy, plan, run.stdout())
     if run.timed_out:
         evidence.add("timeout", f"killed after {timeout:.0f} s")
     else:
@@ -314,7 +332,7 @@ def _run_harness(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Ro
     if not ended_ok and (failed := _engine_failed_last(status)):
         # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
         evidence.add("engine", f"the last call failed there ({failed})")
-    return final
+    return final, transcript
 
 
 class _Skipped(Exception):

@@ -5,8 +5,9 @@
    the code score is their mean (PinchBench's and ClawGym's rule). A crash, a non-zero exit or
    output that is not such JSON scores 0 with the reason in `error` (ClawGym: "unparsable counts
    as 0"). Harbor tasks (`tests/test.sh`) write reward.txt / reward.json instead (docker only).
+   The rollout's transcript is in $CLAWGYM_TRANSCRIPT, its final answer in $CLAWGYM_FINAL_MESSAGE.
 2. Rubric, when the task has one and a judge is configured: an OpenAI-compatible endpoint gets the
-   prompt of the paper's Appendix A (`judge.py`) and must end with `{"scores": {...}, "notes": ...}`.
+   prompt of the paper's Appendix A (`judge.py`, with a summary of the transcript) and must end with `{"scores": {...}, "notes": ...}`.
 3. reward = w_code·code + w_rubric·rubric (0.7/0.3 by default when both exist; configurable).
    No judge configured → the code score alone, and `notes` says so.
 
@@ -24,9 +25,10 @@ from typing import Any
 
 import orjson
 
-from clawgym.artifacts import RolloutRecord
+from clawgym.artifacts import RolloutRecord, Transcript
 from clawgym.rollout.judge import JudgeConfig, RubricResult, judge_rubric
 from clawgym.rollout.sandbox import Sandbox, SandboxError
+from clawgym.rollout.transcript import pinchbench_events
 from clawgym.tasks.spec import Task
 
 NO_JUDGE_NOTE = "no judge configured: code score only"
@@ -211,12 +213,16 @@ def _weights(task: Task, config: VerifierConfig) -> tuple[float, float]:
     return wc / (wc + wr), wr / (wc + wr)
 
 
-def verify(task: Task, sandbox: Sandbox, *, transcript: list | None = None, final_message: str | None = None,
+def verify(task: Task, sandbox: Sandbox, *, transcript: Transcript | None = None, final_message: str | None = None,
            config: VerifierConfig | None = None) -> VerifierResult:
     """Score the final workspace of `sandbox` for `task`. Call after the harness has exited.
 
+    The transcript reaches the checks ($CLAWGYM_TRANSCRIPT) and the judge as the OpenClaw-style
+    events PinchBench's graders read (`transcript.pinchbench_events`).
+
     Raises SandboxError only when the sandbox itself fails (the runner's infra_error)."""
     config = config or VerifierConfig()
+    events = pinchbench_events(transcript) if transcript is not None else None
     wc, wr = _weights(task, config)
     notes: list[str] = []
     errors: list[str] = []
@@ -224,7 +230,7 @@ def verify(task: Task, sandbox: Sandbox, *, transcript: list | None = None, fina
 
     code: CodeResult | None = None
     if task.has_code_checks and (wc > 0 or task.rubric is None or config.judge is None):
-        code = run_code_checks(task, sandbox, transcript=transcript, final_message=final_message, timeout=config.timeout_s)
+        code = run_code_checks(task, sandbox, transcript=events, final_message=final_message, timeout=config.timeout_s)
         subs.update({f"code/{k}": v for k, v in code.subscores.items()})
         if code.error:
             errors.append(code.error)
@@ -235,7 +241,7 @@ def verify(task: Task, sandbox: Sandbox, *, transcript: list | None = None, fina
             notes.append(NO_JUDGE_NOTE)
             subs[RUBRIC_SKIPPED] = wr  # the record keeps subscores, not notes: say the rubric part was left out
         else:
-            rubric = judge_rubric(task, sandbox.workspace, config.judge, transcript=transcript,
+            rubric = judge_rubric(task, sandbox.workspace, config.judge, transcript=events,
                                   final_message=final_message, aggregate=config.rubric_aggregate)
             if rubric.error:
                 errors.append(f"judge: {rubric.error}")

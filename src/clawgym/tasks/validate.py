@@ -20,6 +20,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from clawgym.artifacts import Transcript
 from clawgym.errors import UserError
 from clawgym.rollout.sandbox import SandboxConfig, SandboxError, open_sandbox
 from clawgym.rollout.verifier import VerifierConfig, verify
@@ -104,7 +105,7 @@ def validate_one(path: Path, sandbox: str = "local", sandbox_config: SandboxConf
     else:
         try:
             with open_sandbox(sandbox, task.workspace_dir, sandbox_config or SandboxConfig()) as sb:
-                result = verify(task, sb, transcript=[], final_message="", config=verifier_config or VerifierConfig())
+                result = verify(task, sb, transcript=Transcript(), final_message="", config=verifier_config or VerifierConfig())
             rep.noop_score = result.code_score
             rep.noop_subscores = {k.removeprefix("code/"): v for k, v in result.subscores.items() if k.startswith("code/")}
             if result.error:  # no judge here, so any error is the code checks'

@@ -24,8 +24,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, exit_text
+
+if TYPE_CHECKING:
+    from clawgym.artifacts import Transcript
 
 SYSTEM_PROMPT = (
     "You are an agent working in a Linux workspace (your current directory). "
@@ -96,6 +100,12 @@ class AgentLoop:
         if exit_code == EXIT_ENDPOINT_FAILED:
             return Outcome("infra_error", _last_line(stderr) or "model endpoint failed")
         return Outcome("harness_error", exit_text(exit_code, _last_line(stderr)))
+
+    def transcript(self, stdout: str, calls: list[dict]) -> "Transcript":
+        # imported here: the agent process in the sandbox imports this module and needs none of it
+        from clawgym.rollout.transcript import from_proxy
+
+        return from_proxy(calls)  # its stdout log cuts texts at 200 characters: the proxy has them whole
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         # Only the compaction call goes out without tools.

@@ -3,7 +3,7 @@
 A harness is an agent program we do not modify. Its adapter says how to install it, which wire
 protocol it speaks, the command line and environment that point it at a rollout's proxy URL with
 telemetry and outside traffic off, how to read its final status from the exit code and output, and
-which of its model calls are the main agent, a subagent, a compaction or an auxiliary call (title
+how to read what the agent did (its transcript), which of its model calls are the main agent, a subagent, a compaction or an auxiliary call (title
 generation and the like). Adapters are looked up by name in `clawgym.rollout.harnesses.HARNESSES`.
 """
 
@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from clawgym.artifacts import Transcript
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,11 @@ class Harness(Protocol):
         ...
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
+        ...
+
+    def transcript(self, stdout: str, calls: list[dict]) -> "Transcript":
+        """What the agent did, for graders and the judge: from the proxy's conversation log of the
+        rollout (`calls`, see `clawgym.rollout.transcript.from_proxy`) and/or the harness's output."""
         ...
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:

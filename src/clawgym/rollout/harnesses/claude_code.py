@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clawgym.artifacts import Transcript
 from clawgym.rollout.harnesses import npm
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text, json_lines
+from clawgym.rollout.transcript import from_claude_stream, proxy_or
 
 VERSION = "2.1.197"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
@@ -58,6 +60,9 @@ class ClaudeCode(npm.NpmHarness):
         if any(s in (stdout + stderr) for s in ("api_retry", "API Error", "Connection error")):
             return Outcome("infra_error", f"model endpoint failed: {str(text)[:300]}")
         return Outcome("harness_error", exit_text(exit_code, str(text)[:300]))
+
+    def transcript(self, stdout: str, calls: list[dict]) -> Transcript:
+        return proxy_or(calls, lambda: from_claude_stream(json_lines(stdout)))
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         text = last_user_text.lower()

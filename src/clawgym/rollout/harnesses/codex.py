@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from clawgym.artifacts import Transcript
 from clawgym.rollout.harnesses import npm
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text, json_lines
+from clawgym.rollout.transcript import from_codex_events, proxy_or
 
 VERSION = "0.171.0"
 PACKAGE = f"@openai/codex@{VERSION}"
@@ -78,6 +80,9 @@ class Codex(npm.NpmHarness):
                                            "overloaded", "429", "500", "503")):
             return Outcome("infra_error", f"model endpoint failed: {text}")
         return Outcome("harness_error", exit_text(exit_code, text))
+
+    def transcript(self, stdout: str, calls: list[dict]) -> Transcript:
+        return proxy_or(calls, lambda: from_codex_events(json_lines(stdout)))
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         if any(m in last_user_text.lower() for m in _COMPACTION_MARKERS):

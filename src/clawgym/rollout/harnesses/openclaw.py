@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from clawgym.artifacts import Transcript
 from clawgym.rollout.harnesses import npm
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text
+from clawgym.rollout.transcript import from_proxy
 
 VERSION = "2026.9.6"
 PACKAGE = f"openclaw@{VERSION}"
@@ -73,6 +75,9 @@ class OpenClaw(npm.NpmHarness):
         if any(s in text.lower() for s in ("econnrefused", "fetch failed", "overloaded", "503", "529")):
             return Outcome("infra_error", f"model endpoint failed: {text}")
         return Outcome("harness_error", exit_text(exit_code, text))
+
+    def transcript(self, stdout: str, calls: list[dict]) -> Transcript:
+        return from_proxy(calls)  # `--json` prints a summary (final text, tool counts), not the conversation
 
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         if any(m in last_user_text.lower() for m in _COMPACTION_MARKERS):
