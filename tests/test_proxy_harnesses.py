@@ -95,6 +95,25 @@ def test_claude_code_writes_a_file_through_the_proxy(proxy, tmp_path):
     assert_two_calls_extend(proxy, "claude-code", "anthropic")
 
 
+def test_claude_code_slim_default_offers_the_documented_tools(proxy, tmp_path):
+    """The adapter's defaults (a one-line system prompt, `--tools Bash,Read,Write,Edit,Glob,Grep`):
+    the recorded requests offer exactly those six tools, and a `Write` call writes the file."""
+    need("claude")
+    harness = ClaudeCode(max_turns=5)
+    target = tmp_path / "ws" / "out.txt"  # Write takes an absolute path
+    script = ['<tool_call>\n' + json.dumps({"name": "Write", "arguments": {"file_path": str(target), "content": "hi\n"}})
+              + '\n</tool_call>', "Done: wrote out.txt"]
+    reg = proxy.register("claude-code-slim", script=script)
+    ws, run = run_adapter(harness, reg, tmp_path, CLAUDE_CODE_MAX_RETRIES="0")
+    result = [x for x in map(json.loads, (x for x in run.stdout.splitlines() if x.startswith("{"))) if x.get("type") == "result"]
+    assert run.returncode == 0 and result and not result[-1]["is_error"], (run.stdout[-2000:], run.stderr[-2000:])
+    assert "No such tool available" not in run.stdout and target.read_text() == "hi\n"
+    assert_two_calls_extend(proxy, "claude-code-slim", "anthropic")
+    recs = read_records(proxy.config.records_dir / "claude-code-slim.jsonl")
+    assert [sorted(r.tool_names) for r in recs] == [sorted(harness.tools.split(","))] * 2
+    assert recs[0].prompt_base_call is None and len(recs[0].prompt_ids) < 8000  # still slim: mostly the six tools
+
+
 def test_codex_writes_a_file_through_the_proxy(proxy, tmp_path):
     need("codex")
     script = [{"text": '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo hi > out.txt"}}\n</tool_call>',
