@@ -17,7 +17,10 @@ VERSION = "2.1.197"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
 # Claude Code's own compaction and title prompts; they mark those calls as not the main agent.
 _COMPACTION_MARKERS = ("summary of the conversation so far", "create a detailed summary", "your task is to create a detailed summary")
-_AUX_MARKERS = ("generate a concise, sentence-case title", "<system-reminder>\nanalyze")
+_AUX_MARKERS = ("<system-reminder>\nanalyze",)
+# 2.1.197 asks for a session title with its instructions in the system prompt and, as the user
+# message, the session's text in <session> tags followed by "Write the title in <language>..."
+_TITLE_START, _TITLE_END = "<session>\n", "</session>\n\nwrite the title in "
 
 
 class ClaudeCode(npm.NpmHarness):
@@ -68,7 +71,7 @@ class ClaudeCode(npm.NpmHarness):
         text = last_user_text.lower()
         if any(m in text for m in _COMPACTION_MARKERS):
             return "compaction"
-        if any(m in text for m in _AUX_MARKERS):
+        if any(m in text for m in _AUX_MARKERS) or (text.lstrip().startswith(_TITLE_START) and _TITLE_END in text):
             return "aux"
         return classify_by_tools(tool_names, main_tool_names)
 
