@@ -112,7 +112,11 @@ def test_call_roles() -> None:
     assert al.classify([], "Your context is nearly full. Summarize", main_tools) == "compaction"
     assert al.classify(main_tools, "Write hi", main_tools) == "main"
     cc = HARNESSES["claude-code"]()
-    assert cc.classify([], "Generate a concise, sentence-case title for this", ["Bash"]) == "aux"
+    # Claude Code 2.1.197's title request: its instructions are the system prompt, the user message is this.
+    title = ("<session>\nfix the bug\n</session>\n\nWrite the title in the language the user wrote in, regardless of the "
+             "language of the examples above.")
+    assert cc.classify(["Bash"], title, ["Bash"]) == "aux"  # by its text, whatever tools it carries
+    assert cc.classify(["Bash"], "Generate a concise, sentence-case title for my post", ["Bash"]) == "main"  # a task's words
     assert cc.classify(["Bash", "Read"], "Your task is to create a detailed summary of the conversation", ["Bash", "Read"]) == "compaction"
     assert cc.classify(["Bash", "Read"], "fix the bug", ["Bash", "Read"]) == "main"
 

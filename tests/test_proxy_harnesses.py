@@ -23,6 +23,7 @@ from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 from clawgym.rollout.harnesses.base import Endpoint
 from clawgym.rollout.harnesses.claude_code import ClaudeCode
 from clawgym.rollout.harnesses.codex import Codex
+from clawgym.rollout.runner import last_user_text
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -66,15 +67,15 @@ def assert_two_calls_extend(proxy: ProxyThread, rollout_id: str, protocol: str) 
     assert second.render_mode == "incremental"
 
 
-def run_adapter(harness, reg: dict, tmp_path: Path, **extra_env: str) -> tuple[Path, subprocess.CompletedProcess]:
+def run_adapter(harness, reg: dict, tmp_path: Path, unset: tuple[str, ...] = (), **extra_env: str) -> tuple[Path, subprocess.CompletedProcess]:
     """The harness exactly as its adapter launches it in a rollout (argv, env, config files), run
-    directly in a fresh workspace with a fresh HOME instead of a sandbox."""
+    directly in a fresh workspace with a fresh HOME instead of a sandbox; `unset` drops variables."""
     ws, home = tmp_path / "ws", tmp_path / "home"
     ws.mkdir()
     launch = harness.launch(PROMPT, ws, home, Endpoint(base_url=reg["base_url"], api_key=reg["api_key"]))
     launch.write_files(home)
-    run = subprocess.run(launch.argv, cwd=ws, env=base_env(home) | launch.env | extra_env, capture_output=True,
-                         text=True, timeout=180)
+    env = {k: v for k, v in (base_env(home) | launch.env | extra_env).items() if k not in unset}
+    run = subprocess.run(launch.argv, cwd=ws, env=env, capture_output=True, text=True, timeout=180)
     return ws, run
 
 
@@ -93,6 +94,45 @@ def test_claude_code_writes_a_file_through_the_proxy(proxy, tmp_path):
     assert result[-1]["result"] == "Done: wrote out.txt"
     assert (ws / "out.txt").read_text().strip() == "hi"
     assert_two_calls_extend(proxy, "claude-code", "anthropic")
+
+
+def test_claude_code_slim_default_offers_the_documented_tools(proxy, tmp_path):
+    """The adapter's defaults (a one-line system prompt, `--tools Bash,Read,Write,Edit,Glob,Grep`):
+    the recorded requests offer exactly those six tools, and a `Write` call writes the file."""
+    need("claude")
+    harness = ClaudeCode(max_turns=5)
+    target = tmp_path / "ws" / "out.txt"  # Write takes an absolute path
+    script = ['<tool_call>\n' + json.dumps({"name": "Write", "arguments": {"file_path": str(target), "content": "hi\n"}})
+              + '\n</tool_call>', "Done: wrote out.txt"]
+    reg = proxy.register("claude-code-slim", script=script)
+    ws, run = run_adapter(harness, reg, tmp_path, CLAUDE_CODE_MAX_RETRIES="0")
+    result = [x for x in map(json.loads, (x for x in run.stdout.splitlines() if x.startswith("{"))) if x.get("type") == "result"]
+    assert run.returncode == 0 and result and not result[-1]["is_error"], (run.stdout[-2000:], run.stderr[-2000:])
+    assert "No such tool available" not in run.stdout and target.read_text() == "hi\n"
+    assert_two_calls_extend(proxy, "claude-code-slim", "anthropic")
+    recs = read_records(proxy.config.records_dir / "claude-code-slim.jsonl")
+    assert [sorted(r.tool_names) for r in recs] == [sorted(harness.tools.split(","))] * 2
+    assert recs[0].prompt_base_call is None and len(recs[0].prompt_ids) < 8000  # still slim: mostly the six tools
+
+
+def test_claude_code_title_call_is_classified_aux_by_its_prompt(proxy, tiny_tokenizer, tmp_path):
+    """With nonessential traffic on, Claude Code 2.1.197 first asks for a session title. The adapter
+    recognizes the real request by its text (not only by carrying no tools), and the task's own
+    calls stay the main agent's."""
+    need("claude")
+    harness = ClaudeCode(max_turns=5)
+    reg = proxy.register("claude-code-title", script=['{"title": "Create out file"}', "Done: nothing to do"])
+    ws, run = run_adapter(harness, reg, tmp_path, unset=("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",), CLAUDE_CODE_MAX_RETRIES="0")
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
+    proxy.settle("claude-code-title", timeout=60)
+    recs = materialize_prompts(read_records(proxy.config.records_dir / "claude-code-title.jsonl"))
+    assert sorted(bool(r.tool_names) for r in recs) == [False, True], [r.tool_names for r in recs]
+    title_rec, task_rec = sorted(recs, key=lambda r: bool(r.tool_names))
+    title, task = (last_user_text(tiny_tokenizer, r.prompt_ids) for r in (title_rec, task_rec))
+    assert PROMPT in title and PROMPT in task
+    main_tools = task_rec.tool_names
+    assert harness.classify(main_tools, title, main_tools) == "aux"  # the prompt alone says so
+    assert harness.classify([], title, main_tools) == "aux" and harness.classify(main_tools, task, main_tools) == "main"
 
 
 def test_codex_writes_a_file_through_the_proxy(proxy, tmp_path):

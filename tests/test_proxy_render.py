@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawgym.proxy import anthropic, openai_chat
+from clawgym.artifacts import materialize_prompts
+from clawgym.proxy import ProxyConfig, ProxyThread, anthropic, openai_chat, read_records
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy.toolparse import HermesParser
 from clawgym.proxy.types import Message, ToolSpec
@@ -129,6 +131,68 @@ def test_retry_of_identical_request_gives_identical_prompt(renderer, tiny_tokeni
     plan, _, _ = answer(tito, tiny_tokenizer, msgs, "c0", "hello")
     again = tito.render(msgs, TOOLS)
     assert again.prompt_ids == plan.prompt_ids and again.mode == "incremental"
+
+
+@pytest.fixture(scope="module")
+def proxy(tiny_model, tmp_path_factory):
+    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path_factory.mktemp("records"),
+                         audit_render=True)
+    with ProxyThread(config) as p:
+        yield p
+
+
+def same_call(i: int, variant: str) -> str:
+    """The same `exec ls` call each turn, differing only in JSON spacing or only in the reasoning."""
+    if variant == "spacing":
+        return "<tool_call>\n" + '{"name": "exec", "arguments": {"command":' + " " * i + '"ls"}}' + "\n</tool_call>"
+    return f"<think>\nattempt {i}: look again\n</think>\n\n" + call("exec", command="ls")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["spacing", "reasoning"])
+@pytest.mark.parametrize("pattern", ["append", "drop-context"])
+def test_repeated_tool_call_keeps_each_turns_sampled_ids(proxy, tiny_tokenizer, pattern, variant):
+    """The model makes the same call three times; the harness echoes all three identically (OpenClaw:
+    reasoning dropped, ids rewritten). Appending: each prompt extends the previous prompt + its sampled
+    ids. OpenClaw's pattern (a trailing context message replaced every turn): each prompt extends the
+    previous prompt without its context message + its sampled ids. Either way, turn k holds turn k's ids."""
+    rid = f"repeat-{pattern}-{variant}"
+    n = 3
+    reg = proxy.register(rid, script=[same_call(i, variant) for i in range(n)] + ["Done."])
+    client = openai.OpenAI(base_url=reg["openai_base_url"], api_key=reg["api_key"], max_retries=0)
+    tools = [{"type": "function", "function": {"name": "exec", "description": "run",
+                                               "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+    history: list[dict] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "List the files."}]
+    ctx = [f"<context turn {i}>" for i in range(n + 1)]
+    for i in range(n + 1):
+        extra = [{"role": "user", "content": ctx[i]}] if pattern == "drop-context" else []
+        msg = client.chat.completions.create(model="tiny", messages=history + extra, tools=tools).choices[0].message
+        if i == n:
+            assert msg.content == "Done."
+            break
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [("exec", {"command": "ls"})]
+        assert (getattr(msg, "reasoning_content", None) is not None) == (variant == "reasoning")
+        calls = [{"id": c.id.replace("_", ""), "type": "function", "function": {"name": "exec", "arguments": '{"command": "ls"}'}}
+                 for c in msg.tool_calls]
+        history += [{"role": "assistant", "content": msg.content or "", "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": calls[0]["id"], "content": "a.txt b.txt"}]
+    proxy.settle(rid)
+    recs = materialize_prompts(read_records(proxy.config.records_dir / f"{rid}.jsonl"))
+    assert len(recs) == n + 1
+    assert len({tuple(r.output_ids) for r in recs[:n]}) == n  # three different samples of one canonical turn
+    gen = tiny_tokenizer.backend_tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False).ids
+    for i, (prev, cur) in enumerate(zip(recs, recs[1:])):
+        base = prev.prompt_ids
+        if pattern == "drop-context":  # cut the context message: the prompt ends with it + the generation prompt
+            block = tiny_tokenizer.apply_chat_template([{"role": "user", "content": ctx[i]}], tokenize=False)
+            cut = len(tiny_tokenizer.backend_tokenizer.encode(block, add_special_tokens=False).ids)
+            assert base[-len(gen):] == gen and tiny_tokenizer.decode(base[-len(gen) - cut: -len(gen)]) == block
+            base = base[: -len(gen) - cut] + gen
+        seq = base + prev.output_ids
+        assert cur.prompt_ids[: len(seq)] == seq, f"call {cur.seq} diverges at token {next(j for j, (a, b) in enumerate(zip(seq, cur.prompt_ids)) if a != b)} of {len(seq)}"
+        assert cur.render_mode == ("incremental" if pattern == "append" else "full")
+    assert proxy.server.metrics.get("clawgym_proxy_render_audit_mismatch_total") == 0
+    assert proxy.server.metrics.get("clawgym_proxy_tito_unmatched_turns_total") == 0
 
 
 TURN = st.sampled_from(["tool", "tools2", "text_user", "user_only", "system_mid"])

@@ -9,7 +9,7 @@ tokens (token in, token out through each protocol).
 
 The binaries come from `clawgym harness install NAME` (pinned npm versions); without one, its test
 skips with the adapter's reason. With the adapters' slim settings every harness's prompt fits the
-tiny model's 32k window (Claude Code `--bare` ~2k tokens, Codex ~13k, OpenClaw ~19k); the last test
+tiny model's 32k window (Claude Code ~6k tokens, Codex ~13k, OpenClaw ~19k); the last test
 shows `clawgym rollout --max-context` reaching the proxy (a window below the prompt is refused).
 """
 

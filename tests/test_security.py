@@ -191,7 +191,8 @@ def test_models_route_and_auth_headers_fuzzed(proxy, server_errors):
     """GET /v1/models, and every route with hostile credentials: only the rollout's own key opens it."""
     reg = proxy.register("fuzz-auth")
     key = reg["api_key"]
-    printable = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e), max_size=300)
+    # printable ASCII and bytes 0x80-0xff (http.client sends str headers as latin-1): values that are not UTF-8
+    printable = st.text(st.characters(min_codepoint=0x21, max_codepoint=0xff, exclude_characters="\x7f"), max_size=300)
 
     @FUZZ
     @given(route=st.sampled_from(["/v1/models", *VALID]),
@@ -214,6 +215,49 @@ def test_models_route_and_auth_headers_fuzzed(proxy, server_errors):
     proxy.server.engine.push("fuzz-auth", ["ok"] * 200)
     one()
     assert server_errors == [], [r.getMessage() for r in server_errors][:3]
+
+
+def raw_request(proxy, head: bytes, body: bytes = b"") -> tuple[int, dict]:
+    """Send exact bytes (http.client would re-encode a header); returns (status, JSON body)."""
+    with socket.create_connection(("127.0.0.1", proxy.server.port), timeout=30) as s:
+        s.sendall(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split(b" ")[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+@pytest.mark.parametrize("header", [b"x-api-key: \xff\xfe%s", b"Authorization: Bearer \xff\xfe%s",
+                                    b"Authorization: Bearer %s\xc3", b"x-api-key: %s\x80"])
+def test_key_header_that_is_not_utf8_gets_the_protocols_401(proxy, server_errors, header):
+    """Bytes that are not UTF-8 in the key header (the rollout's key around them) are a wrong key on
+    every API and on the admin routes: each answers its own 401 shape, never a 500."""
+    reg = proxy.register(None)
+    rid, key = reg["rollout_id"], reg["api_key"]
+    cred = header % key.encode()
+    for route, method, extra in [("/v1/messages", b"POST", b"anthropic-version: 2023-06-01\r\n"),
+                                 ("/v1/messages/count_tokens", b"POST", b"anthropic-version: 2023-06-01\r\n"),
+                                 ("/v1/chat/completions", b"POST", b""), ("/v1/responses", b"POST", b""),
+                                 ("/v1/models", b"GET", b""), ("/v1/models", b"GET", b"anthropic-version: 2023-06-01\r\n")]:
+        body = _dumps(VALID[route]) if method == b"POST" else b""
+        head = b"%s /r/%s%s HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n%s%s\r\n" % (
+            method, rid.encode(), route.encode(), extra, cred)
+        status, answer = raw_request(proxy, head, body)
+        assert status == 401, (route, status, answer)
+        if b"anthropic-version" in extra:
+            assert answer["type"] == "error" and answer["error"]["type"] == "authentication_error", answer
+        else:
+            assert answer["error"]["code"] == "invalid_api_key" and answer["error"]["type"] == "invalid_request_error", answer
+    admin_cred = cred.replace(key.encode(), proxy.server.admin_token.encode()).replace(b"x-api-key", b"x-admin-token")
+    for method, path in [(b"GET", b"/admin/health"), (b"GET", b"/admin/metrics"), (b"POST", b"/admin/rollouts")]:
+        status, answer = raw_request(proxy, b"%s %s HTTP/1.1\r\nHost: a\r\n%s\r\n" % (method, path, admin_cred),
+                                     b"{}" if method == b"POST" else b"")
+        assert status == 401 and "admin token" in answer["error"]["message"], (path, status, answer)
+    assert server_errors == [], [r.getMessage() for r in server_errors][:3]
+    assert proxy.server.recorder.count(rid) == 0
+    proxy.server.engine.push(rid, ["still serving"])
+    keep_serving(proxy, rid, key)
 
 
 ADMIN_ROUTES = [("POST", "/admin/rollouts"), ("GET", "/admin/rollouts/{id}"), ("DELETE", "/admin/rollouts/{id}"),

@@ -11,7 +11,8 @@
     GET    /admin/metrics                  Prometheus text format
 
 The admin token travels as `Authorization: Bearer …` or `x-admin-token`. A rollout's API key is
-returned once, at registration, and never logged or recorded.
+returned once, at registration, and never logged or recorded. Secrets are compared as the bytes
+the client sent (`secret_matches`), so a header that is not UTF-8 is a wrong key (401), not a 500.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ from aiohttp import web
 
 from clawgym.errors import UserError
 from clawgym.proxy.types import ProtocolError
+
+
+def secret_matches(given: str | None, expected: str) -> bool:
+    """Constant-time comparison of a header value with a key or token. aiohttp hands over header
+    bytes that are not UTF-8 as surrogate escapes; they are compared as the bytes that were sent."""
+    if not given:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode())
 
 
 class Metrics:
@@ -89,7 +98,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
         async def wrapped(request: web.Request) -> web.Response:
             auth = request.headers.get("Authorization", "")
             token = request.headers.get("x-admin-token") or (auth[7:].strip() if auth[:7].lower() == "bearer " else "")
-            if not token or not hmac.compare_digest(token.encode(), server.admin_token.encode()):
+            if not secret_matches(token, server.admin_token):
                 return _err(401, "admin token missing or wrong (send Authorization: Bearer <admin token>)")
             try:
                 return await handler(request)

@@ -2,13 +2,23 @@
 
 The proxy never re-tokenizes what the policy sampled. Per rollout, `RolloutTito` keeps
 
-- every completion it returned, keyed by the assistant message *as the harness will echo it* in a
-  canonical form (text with all whitespace removed; tool calls as name + JSON arguments with sorted
-  keys; ids and thinking ignored, since harnesses rewrite or drop them), with its sampled ids;
+- every completion it returned, with its sampled ids, indexed by the assistant message *as the
+  harness will echo it* in a canonical form (text with all whitespace removed; tool calls as name +
+  JSON arguments with sorted keys; ids and thinking ignored, since harnesses rewrite or drop them),
+  and tagged with where in the conversation it was sampled (see "Which completion" below);
 - a node per rendered request, keyed by a hash chain over the request's canonical messages (plus
   the tools), holding that prompt's token ids (nodes share one growing id list per conversation).
 
-Rendering a request (DESIGN §4):
+Which completion: the canonical form alone does not identify a turn, since a model can make the
+same tool call twice (differing only in JSON spacing or in its dropped reasoning). Among the
+completions whose canonical form matches an echoed assistant message, the renderer prefers, in
+order: the one sampled for exactly the messages before it (an append-only harness); the one whose
+prompt held the same assistant turns before it (a harness that drops or rewrites other messages,
+like OpenClaw's per-turn context message); the one from the same conversation (same tools and
+first message); the same text around the calls; and, in a tie, the earliest one sampled after the
+previous spliced turn. A completion is spliced at most once per request. See docs/architecture.md.
+
+Rendering a request:
 1. every assistant message that matches a stored completion is replaced by a sentinel before the
    template runs, so the template renders everything around it exactly as usual;
 2. the text is cut at the sentinels: each assistant body (from the template's assistant header
@@ -23,7 +33,8 @@ Rendering a request (DESIGN §4):
    matches (first call, history rewritten by compaction), render the whole request (counted).
 
 A later prompt therefore extends an earlier prompt plus its sampled output token for token
-whenever the harness appended to the conversation. `audit=True` also renders fully and compares.
+whenever the harness appended to the conversation, and keeps every turn's own sampled ids when it
+dropped or moved other messages. `audit=True` also renders fully and compares.
 """
 
 from __future__ import annotations
@@ -66,12 +77,39 @@ def message_key(m: Message) -> bytes:
     return orjson.dumps([m.role, m.content])  # exact text: the prompt must show what the harness sent
 
 
+def turn_identity(text: str, calls: list[ToolCall]) -> bytes:
+    """What an echoed assistant turn is matched on: its tool calls alone when it has any (harnesses
+    drop or rewrite the text around them), else its text."""
+    return assistant_key("\0", calls) if calls else assistant_key(text, calls)
+
+
+def _h(*parts: bytes) -> bytes:
+    return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where in a conversation a completion was sampled (all hashes over canonical messages)."""
+
+    prompt: bytes = b""
+    """the whole prompt: the tools and every message"""
+    root: bytes = b""
+    """the tools and the first message: which conversation"""
+    turns: bytes = b""
+    """the assistant turns of the prompt, in order, by `turn_identity`"""
+
+
 @dataclass
 class Completion:
     call_id: str
     output_ids: list[int]
     ends_turn: bool
     """the last sampled id is an end-of-turn id (else the template's end-of-turn is tokenized after it)"""
+    key: bytes = b""
+    """`assistant_key` of the turn as parsed"""
+    seq: int = 0
+    """order of sampling within the rollout"""
+    where: _Where = field(default_factory=_Where)
 
 
 @dataclass
@@ -99,6 +137,7 @@ class RenderPlan:
     audit_mismatch: bool = False
     _hashes: list[bytes] = field(default_factory=list, repr=False)
     _node: _Node | None = field(default=None, repr=False)
+    _where: _Where = field(default_factory=_Where, repr=False)
 
 
 class Renderer:
@@ -160,39 +199,59 @@ class RolloutTito:
     def __init__(self, renderer: Renderer, audit: bool = False):
         self.r = renderer
         self.audit = audit
-        self.completions: dict[bytes, Completion] = {}
+        self.completions: dict[bytes, list[Completion]] = {}
+        """by `turn_identity`, in sampling order"""
         self.by_call: dict[str, Completion] = {}
         self.nodes: dict[bytes, _Node] = {}
         self.last: tuple[_Node, str] | None = None
+        self._pending: dict[str, _Where] = {}
 
     # -- rendering -----------------------------------------------------------------------------
 
-    def _prep(self, messages: list[Message], keys: list[bytes] | None = None) -> tuple[list[dict], dict[int, Completion]]:
-        """Template dicts, with each assistant turn we generated replaced by a placeholder; `keys` are
-        the messages' `message_key`s when the caller has them already."""
-        dicts, comps = [], {}
+    def _prep(self, messages: list[Message], tools_d: list[dict]) -> tuple[list[dict], dict[int, Completion], list[bytes], _Where]:
+        """Template dicts, with each assistant turn we generated replaced by a placeholder; also the
+        request's hash chain (`hashes[i]` covers the tools and messages[:i+1]) and its `_Where`."""
+        h = _h(orjson.dumps(tools_d, option=orjson.OPT_SORT_KEYS))
+        dicts, comps, hashes, used = [], {}, [], set()
+        root = turns = b""
+        prev_seq = -1
         for i, m in enumerate(messages):
+            key = message_key(m)
             comp = None
             if m.role == "assistant":
-                comp = self.completions.get(keys[i] if keys is not None else message_key(m))
-                if comp is None and m.tool_calls:  # the harness dropped or rewrote the text around its calls
-                    comp = self.completions.get(assistant_key("\0", m.tool_calls))
+                ident = turn_identity(m.content, m.tool_calls)
+                here = _Where(h, root, turns)  # h still covers only messages[:i]
+                comp = self._pick(self.completions.get(ident, ()), key, here, prev_seq, used)
+                turns = _h(turns, ident)
+            h = _h(h, key)
+            hashes.append(h)
+            root = root or h
             if comp is None:
                 dicts.append(m.template_dict())
             else:
                 comps[i] = comp
+                used.add(comp.call_id)
+                prev_seq = comp.seq
                 dicts.append({"role": "assistant", "content": f"\ue000{i}\ue001"})
-        return dicts, comps
+        return dicts, comps, hashes, _Where(h if hashes else b"", root, turns)
+
+    @staticmethod
+    def _pick(cands, key: bytes, here: _Where, prev_seq: int, used: set[str]) -> Completion | None:
+        """The completion an echoed assistant turn stands for; the order of preference is in the module docstring."""
+        best, best_score = None, None
+        for c in cands:
+            if c.call_id in used:  # one sampled turn appears once in a conversation
+                continue
+            w = c.where
+            score = (w.prompt == here.prompt, w.turns == here.turns, w.root == here.root, c.key == key,
+                     c.seq > prev_seq, -c.seq if c.seq > prev_seq else c.seq)
+            if best_score is None or score > best_score:
+                best, best_score = c, score
+        return best
 
     def render(self, messages: list[Message], tools: list[ToolSpec]) -> RenderPlan:
         tools_d = [t.template_dict() for t in tools]
-        h = hashlib.blake2b(orjson.dumps(tools_d, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
-        keys = [message_key(m) for m in messages]  # once per message: hashes and splicing both need them
-        hashes = []
-        for key in keys:
-            h = hashlib.blake2b(h + key, digest_size=16).digest()
-            hashes.append(h)
-        dicts, comps = self._prep(messages, keys)
+        dicts, comps, hashes, where = self._prep(messages, tools_d)
         n_assist = sum(1 for m in messages if m.role == "assistant")
         k, node = next(((k, self.nodes[hashes[k - 1]]) for k in range(len(messages), 0, -1) if hashes[k - 1] in self.nodes),
                        (0, None))
@@ -212,13 +271,14 @@ class RolloutTito:
             base, blen = self._lcp_base(ids)
             plan = RenderPlan(ids, "full", len(comps), n_assist - len(comps), base, blen, fallback)
         plan.audit_mismatch = audit_mismatch
-        plan._hashes, plan._node = hashes, node if plan.mode == "incremental" else None
+        plan._hashes, plan._node, plan._where = hashes, node if plan.mode == "incremental" else None, where
         return plan
 
     def count(self, messages: list[Message], tools: list[ToolSpec]) -> int:
         """Prompt length of a request, rendered fully; the rollout's state is left untouched."""
-        dicts, comps = self._prep(messages)
-        return len(self._full(dicts, comps, [t.template_dict() for t in tools]))
+        tools_d = [t.template_dict() for t in tools]
+        dicts, comps, _, _ = self._prep(messages, tools_d)
+        return len(self._full(dicts, comps, tools_d))
 
     def _full(self, dicts: list[dict], comps: dict[int, Completion], tools_d: list[dict]) -> list[int]:
         return self.r.split(self.r.text(dicts, tools_d, True), comps)[0]
@@ -261,6 +321,7 @@ class RolloutTito:
         """Attach an accepted call's prompt to the rollout, so later requests can extend it."""
         if not plan._hashes:
             return
+        self._pending[call_id] = plan._where  # for add_completion: where this call's answer was sampled
         node = plan._node
         prompt = plan.prompt_ids
         if node is not None and node.length == len(node.chain):
@@ -272,9 +333,8 @@ class RolloutTito:
         self.last = (new, call_id)
 
     def add_completion(self, call_id: str, text: str, calls: list[ToolCall], output_ids: list[int]) -> None:
-        """Remember what the model sampled, keyed by how the harness will echo the turn."""
-        comp = Completion(call_id, list(output_ids), bool(output_ids) and output_ids[-1] in self.r.stop_ids)
-        self.completions[assistant_key(text, calls)] = comp
-        if calls:
-            self.completions[assistant_key("\0", calls)] = comp  # tool calls alone identify a turn too
+        """Remember what the model sampled, indexed by how the harness will echo the turn."""
+        comp = Completion(call_id, list(output_ids), bool(output_ids) and output_ids[-1] in self.r.stop_ids,
+                          assistant_key(text, calls), len(self.by_call), self._pending.pop(call_id, _Where()))
+        self.completions.setdefault(turn_identity(text, calls), []).append(comp)
         self.by_call[call_id] = comp

@@ -20,7 +20,6 @@ recorded as failed attempts.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import secrets
 import threading
@@ -37,7 +36,7 @@ from aiohttp import web
 from clawgym.artifacts import CallRecord
 from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling, make_engine
 from clawgym.proxy import anthropic, openai_chat, openai_responses
-from clawgym.proxy.admin import Metrics
+from clawgym.proxy.admin import Metrics, secret_matches
 from clawgym.proxy.conversation import ConversationLog
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
@@ -129,12 +128,11 @@ class ProxyServer:
         rid = request.match_info["rollout"]
         r = self.rollouts.get(rid)
         key = _request_key(request)
-        if r is None and self.config.api_key and key and hmac.compare_digest(key.encode(), self.config.api_key.encode()) \
-                and ROLLOUT_ID.match(rid):
+        if r is None and self.config.api_key and secret_matches(key, self.config.api_key) and ROLLOUT_ID.match(rid):
             return self.register(rid, api_key=self.config.api_key)
         if r is None:
             raise ProtocolError("not_found", f"unknown rollout '{rid}': register it with the admin API first")
-        if not key or not hmac.compare_digest(key.encode(), r.api_key.encode()):
+        if not secret_matches(key, r.api_key):
             raise ProtocolError("authentication", "invalid API key for this rollout (send it as x-api-key or Authorization: Bearer)")
         return r
 

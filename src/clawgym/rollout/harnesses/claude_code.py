@@ -1,6 +1,6 @@
 """`claude-code`: Anthropic's Claude Code CLI (`claude -p`), unmodified, against the proxy's Messages route.
 
-Everything here comes from driving the real binary (shared/research/harnesses.md §2): headless
+Everything here comes from driving the real binary (docs/harnesses.md): headless
 `-p` with stream-json output (which needs `--verbose`), permissions bypassed (as root only with
 `IS_SANDBOX=1`), every model alias pointed at the policy, and nonessential traffic (telemetry,
 update checks, title generation) off, so the only connections it opens are to the proxy.
@@ -19,7 +19,10 @@ VERSION = "2.1.197"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
 # Claude Code's own compaction and title prompts; they mark those calls as not the main agent.
 _COMPACTION_MARKERS = ("summary of the conversation so far", "create a detailed summary", "your task is to create a detailed summary")
-_AUX_MARKERS = ("generate a concise, sentence-case title", "<system-reminder>\nanalyze")
+_AUX_MARKERS = ("<system-reminder>\nanalyze",)
+# 2.1.197 asks for a session title with its instructions in the system prompt and, as the user
+# message, the session's text in <session> tags followed by "Write the title in <language>..."
+_TITLE_START, _TITLE_END = "<session>\n", "</session>\n\nwrite the title in "
 
 
 class ClaudeCode(npm.NpmHarness):
@@ -36,7 +39,10 @@ class ClaudeCode(npm.NpmHarness):
                 "--dangerously-skip-permissions", "--max-turns", str(self.max_turns), "--no-session-persistence",
                 "--model", endpoint.model]
         if self.bare:
-            argv.append("--bare")  # a 173-character system prompt instead of ~19k tokens: prefill dominates on CPU
+            # A one-line system prompt instead of ~19k tokens: prefill dominates on CPU. Not `--bare`:
+            # that sets CLAUDE_CODE_SIMPLE, whose tool set is fixed to Bash, Edit and Read whatever
+            # `--tools` asks for (docs/harnesses.md).
+            argv += ["--system-prompt", f"CWD: {workspace}"]
         if self.tools:
             argv += ["--tools", self.tools]
         m = endpoint.model
@@ -48,6 +54,8 @@ class ClaudeCode(npm.NpmHarness):
             "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
             "IS_SANDBOX": "1", "TERM": "dumb", "SHELL": "/bin/bash",
         }
+        if self.bare:  # what --bare skips that would still add to the prompt: CLAUDE.md files, auto-memory
+            env |= {"CLAUDE_CODE_DISABLE_CLAUDE_MDS": "1", "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1"}
         return Launch(argv=argv, env=env)
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
@@ -68,7 +76,7 @@ class ClaudeCode(npm.NpmHarness):
         text = last_user_text.lower()
         if any(m in text for m in _COMPACTION_MARKERS):
             return "compaction"
-        if any(m in text for m in _AUX_MARKERS):
+        if any(m in text for m in _AUX_MARKERS) or (text.lstrip().startswith(_TITLE_START) and _TITLE_END in text):
             return "aux"
         return classify_by_tools(tool_names, main_tool_names)
 
