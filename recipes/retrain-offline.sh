@@ -46,7 +46,8 @@ for dir in "$FROM"/step-[0-9][0-9][0-9][0-9]; do
 done
 [ "${#steps[@]}" -gt 0 ] || { echo "error: $FROM has no step-NNNN/trees.parquet to retrain on" >&2; exit 1; }
 
-# The comparison: each step's last update, from the run's train.jsonl and the replay's.
+# The comparison: each step's last update, from the run's train.jsonl and the replay's. (A step
+# whose batch had nothing to learn, every group's rewards equal, made no update: "-".)
 python3 - "$FROM" "$OUT" "${steps[@]}" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -57,17 +58,18 @@ def last(path):
     lines = [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
     return lines[-1] if lines else {}
 
+def lr(folder):
+    return json.loads((folder / "checkpoints" / steps[0] / "train_config.json").read_text())["lr"]
+
 def get(row, key):
     value = row.get(key, row.get(f"train/{key}"))
     return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
 
-first_run, first_replay = last(run / steps[0] / "train.jsonl"), last(replay / steps[0] / "train.jsonl")
-print(f"{'step':<10} {'lr':>8} {'lr':>8}   {'loss':>10} {'loss':>10}   {'entropy':>8} {'entropy':>8}   {'|Δlogp|':>9} {'|Δlogp|':>9}")
-print(f"{'':<10} {get(first_run, 'lr'):>8} {get(first_replay, 'lr'):>8}   "
-      f"{'run':>10} {'replay':>10}   {'run':>8} {'replay':>8}   {'run':>9} {'replay':>9}")
+cols = [(f"{name} @{rate:g}", key, side) for name, key in (("loss", "loss"), ("entropy", "entropy"), ("|Δlogp|", "mismatch_abs"))
+        for rate, side in ((lr(run), run), (lr(replay), replay))]
+print(f"{'step':<10}" + "".join(f"{title:>16}" for title, _, _ in cols))
 for name in steps:
-    a, b = last(run / name / "train.jsonl"), last(replay / name / "train.jsonl")
-    print(f"{name:<10} {'':>8} {'':>8}   {get(a, 'loss'):>10} {get(b, 'loss'):>10}   {get(a, 'entropy'):>8} {get(b, 'entropy'):>8}   "
-          f"{get(a, 'mismatch_abs'):>9} {get(b, 'mismatch_abs'):>9}")
+    rows = {run: last(run / name / "train.jsonl"), replay: last(replay / name / "train.jsonl")}
+    print(f"{name:<10}" + "".join(f"{get(rows[side], key):>16}" for _, key, side in cols))
 print(f"replayed checkpoints: {replay / 'checkpoints'}")
 EOF

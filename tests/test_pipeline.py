@@ -213,3 +213,18 @@ def test_pipeline_stops_cleanly_resumes_and_learns_like_clawgym_run(tmp_path: Pa
         print(f"step {step}: pipeline {statistics.fmean(a):.4f} ± {statistics.stdev(a):.4f}, "
               f"clawgym run {statistics.fmean(b):.4f} ± {statistics.stdev(b):.4f}; diff {diff:+.4f} = {diff / se if se else 0:+.2f} SE")
         assert abs(diff) <= Z * se, (step, a, b)
+
+    # 5. recipes/retrain-offline.sh replays the pipeline's optimizer at another rate, with no rollout.
+    r = subprocess.run(["bash", str(ROOT / "recipes" / "retrain-offline.sh")], capture_output=True, text=True, timeout=1200,
+                       env={**OFFLINE, "FROM": str(run_dir), "LR": "0.01"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    replay = tmp_path / "pipeline-lr0.01"
+    header, *rows = [line.split() for line in r.stdout.splitlines() if line.startswith("step")]
+    assert header[:3] == ["step", "loss", "@0.03"] and [row[0] for row in rows] == ["step-0001", "step-0002"]
+    for step in (1, 2):
+        config = orjson.loads((replay / "checkpoints" / f"step-{step:04d}" / "train_config.json").read_bytes())
+        assert config["lr"] == 0.01 and config["seed"] == step and config["trees"] == str(run_dir / f"step-{step:04d}" / "trees.parquet")
+    # Step 1 trains the same policy on the same batch with the same seed: the first update's loss,
+    # entropy and |Δlogp| (all computed before the optimizer moves) are the run's.
+    step1 = rows[0][1:]
+    assert step1[0::2] == step1[1::2], r.stdout
