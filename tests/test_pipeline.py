@@ -86,6 +86,14 @@ def test_sync_serves_the_new_version_and_fails_in_one_line(tiny_model: Path, tmp
     assert usage.returncode == 2 and "--checkpoint" in usage.stderr
 
 
+def test_harness_option_is_checked_in_one_line(tmp_path: Path) -> None:
+    common = ("--tasks", str(ROOT / "recipes" / "tasks" / "toy"), "--out", str(tmp_path / "out"), "--model", str(tmp_path))
+    assert "expects HARNESS.KEY=VALUE" in one_error_line(clawgym("rollout", *common, "--harness-option", "max_tokens=8"))
+    assert "unknown harness 'agentlop'" in one_error_line(clawgym("eval", *common, "--harness-option", "agentlop.max_tokens=8"))
+    assert "expects KEY=VALUE" in one_error_line(clawgym("rollout", *common, "--harness-option", "agentloop.max_tokens"))
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
 # --- recipes/pipeline.sh -------------------------------------------------------------------------
 
 STEPS, N, TASKS, LR = 2, 4, 8, 0.03
