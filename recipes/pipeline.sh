@@ -49,8 +49,13 @@ LR="${LR:-0.03}"                            # high, for a random tiny model (doc
 EVAL_N="${EVAL_N:-2}"                       # eval samples per task
 PORT="${PORT:-0}"                           # the proxy's port; 0 picks a free one
 
-step_dir() { printf '%s/step-%04d' "$RUN_DIR" "$1"; }                  # a step's rollouts and trees
-checkpoint() { printf '%s/checkpoints/step-%04d' "$RUN_DIR" "$1"; }    # the policy it trained
+# `paths K` sets $dir (step K's rollouts and trees) and $ckpt (the policy it trained). It assigns
+# with printf -v rather than $(...): bash 5.2 can misparse its INT trap when Ctrl-C lands inside a
+# command substitution, so this script runs none once its traps are set.
+paths() {
+  printf -v dir '%s/step-%04d' "$RUN_DIR" "$1"
+  printf -v ckpt '%s/checkpoints/step-%04d' "$RUN_DIR" "$1"
+}
 
 # The harness adapter's options, as [rollout.agentloop] in the recipe.
 HARNESS_OPTIONS=(--harness-option "agentloop.max_turns=$MAX_TURNS" --harness-option "agentloop.max_tokens=$MAX_TOKENS")
@@ -76,14 +81,20 @@ stage() {
   mv "$result.part" "$result"
 }
 
-# `field FILE KEY` prints one figure of a stage's JSON result (KEY may be dotted: last_update.loss),
-# or "-" where it has none (a batch with nothing to learn makes no update, so no loss).
-field() {
+# `show LABEL FILE:KEY...` prints figures of the stages' JSON results on one line (KEY may be
+# dotted: train.json:last_update.loss), "-" where there is none (a batch with nothing to learn
+# makes no update, so no loss).
+show() {
   python3 -c 'import json, sys
-v = json.load(open(sys.argv[1]))
-for k in sys.argv[2].split("."):
-    v = v.get(k) if isinstance(v, dict) else None
-print("-" if v is None else f"{v:.4g}" if isinstance(v, float) else v)' "$1" "$2"
+figures = []
+for arg in sys.argv[2:]:
+    path, key = arg.rsplit(":", 1)
+    v = json.load(open(path))
+    for k in key.split("."):
+        v = v.get(k) if isinstance(v, dict) else None
+    name = key.split(".")[-1]
+    figures.append(name + " " + ("-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)))
+print(sys.argv[1] + ": " + ", ".join(figures))' "$@" >&2
 }
 
 # -----------------------------------------------------------------------------------------------
@@ -100,9 +111,11 @@ fi
 # Steps whose sync.json exists are done: the next step starts from the last of their checkpoints.
 policy="$MODEL"
 first=1
-while [ "$first" -le "$STEPS" ] && [ -f "$(step_dir "$first")/sync.json" ]; do
-  policy="$(checkpoint "$first")"
+paths "$first"
+while [ "$first" -le "$STEPS" ] && [ -f "$dir/sync.json" ]; do
+  policy="$ckpt"
   first=$((first + 1))
+  paths "$first"
 done
 if [ "$first" -gt 1 ]; then echo "resuming: steps 1-$((first - 1)) are done; serving $policy" >&2; fi
 
@@ -137,7 +150,11 @@ if [ "$first" -le "$STEPS" ]; then
     --records "$RUN_DIR/records" > "$RUN_DIR/proxy.log" 2>&1 &
   PROXY_PID=$!
   # It prints "serving MODEL (hf) on URL; ..." once it listens (the model loads first).
-  until PROXY_URL="$(sed -n 's/^serving .* on \(http[^;]*\);.*/\1/p' "$RUN_DIR/proxy.log")" && [ -n "$PROXY_URL" ]; do
+  while [ -z "$PROXY_URL" ]; do
+    while IFS= read -r line; do
+      case "$line" in "serving "*" on http"*) PROXY_URL="${line#*) on }"; PROXY_URL="${PROXY_URL%%;*}" ;; esac
+    done < "$RUN_DIR/proxy.log"
+    [ -n "$PROXY_URL" ] && break
     if ! kill -0 "$PROXY_PID" 2>/dev/null; then
       echo "error: the proxy did not start; its log:" >&2
       cat "$RUN_DIR/proxy.log" >&2
@@ -151,9 +168,8 @@ fi
 # -----------------------------------------------------------------------------------------------
 # 2. The RL steps.
 
-for step in $(seq "$first" "$STEPS"); do
-  dir="$(step_dir "$step")"
-  ckpt="$(checkpoint "$step")"
+for ((step = first; step <= STEPS; step++)); do
+  paths "$step"
   mkdir -p "$dir"
   echo "=== step $step/$STEPS" >&2
 
@@ -183,8 +199,7 @@ for step in $(seq "$first" "$STEPS"); do
   stage "$dir/sync.json" clawgym sync --proxy "$PROXY_URL" --checkpoint "$ckpt"
   policy="$ckpt"
 
-  echo "step $step: mean reward $(field "$dir/rollout.json" mean_reward)," \
-       "loss $(field "$dir/train.json" last_update.loss), now serving policy version $(field "$dir/sync.json" policy_version)" >&2
+  show "step $step" "$dir/rollout.json:mean_reward" "$dir/train.json:last_update.loss" "$dir/sync.json:policy_version"
 done
 
 # The steps are done: the proxy is no longer needed.
@@ -194,8 +209,9 @@ stop_proxy
 # 3. Evaluate the final policy: Pass@1 per task and category, in eval/step-NNNN/eval.{md,json}
 # (where `clawgym run` puts its evaluations). eval serves the checkpoint itself.
 
-final="$(checkpoint "$STEPS")"
-eval_dir="$(printf '%s/eval/step-%04d' "$RUN_DIR" "$STEPS")"
+paths "$STEPS"
+final="$ckpt"
+printf -v eval_dir '%s/eval/step-%04d' "$RUN_DIR" "$STEPS"
 mkdir -p "$eval_dir"
 [ -f "$eval_dir/result.json" ] || stage "$eval_dir/result.json" \
   clawgym eval --tasks "$TASKS" --harness "$HARNESS" --model "$final" --n "$EVAL_N" \
@@ -205,4 +221,4 @@ mkdir -p "$eval_dir"
 # 4. The per-step table of the run: reward, trees, loss, entropy, mismatch, eval Pass@1.
 
 clawgym inspect "$RUN_DIR"
-echo "done: final policy $final, Pass@1 $(field "$eval_dir/result.json" pass@1)" >&2
+show "done: final policy $final" "$eval_dir/result.json:pass@1"
