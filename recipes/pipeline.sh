@@ -146,6 +146,7 @@ trap 'exit 130' INT         # Ctrl-C: exit, which runs the EXIT trap
 trap 'exit 143' TERM        # kill, a CI timeout: the same
 
 if [ "$first" -le "$STEPS" ]; then
+  : > "$RUN_DIR/proxy.log"  # there from the start, for the loop below to read
   clawgym serve-proxy --model "$policy" --policy-version $((first - 1)) --port "$PORT" \
     --records "$RUN_DIR/records" > "$RUN_DIR/proxy.log" 2>&1 &
   PROXY_PID=$!
