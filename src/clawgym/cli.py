@@ -2,14 +2,17 @@
 
 Each command only parses its arguments and calls the stage that does the work; stages exchange
 files on disk (see `artifacts.py`). Errors a user can cause surface as one line on stderr: exit 2
-for usage errors (Typer's own), exit 1 for runtime errors (`UserError`, `ArtifactError`).
+for usage errors (Typer's own), exit 1 for runtime errors (`UserError`, `ArtifactError`). The
+stages a shell script chains (rollout, build-trees, train, eval, sync) take `--json`: their result
+as one JSON object on stdout, everything else on stderr (`_result`; docs/recipes.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -26,6 +29,27 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True)
+
+
+JSON_HELP = "Print the result as one JSON object on stdout; tables, progress and the summary line go to stderr."
+
+
+@contextlib.contextmanager
+def _result(as_json: bool) -> Iterator[Callable[[str, dict[str, Any]], None]]:
+    """Where a command reports its result: `report(line, data)` prints the human summary line on
+    stdout; with --json everything printed inside the block (tables, stage output, the line) goes to
+    stderr instead and `data` is printed on stdout as one JSON object once the command succeeded, so
+    a script can read stdout whole. A failing command prints no JSON."""
+    if not as_json:
+        yield lambda line, data: typer.echo(line)
+        return
+    import orjson
+
+    found: list[dict[str, Any]] = []
+    with contextlib.redirect_stdout(sys.stderr):
+        yield lambda line, data: (typer.echo(line), found.append(data))
+    for data in found:
+        typer.echo(orjson.dumps(data, default=str).decode())
 
 
 def _version(value: bool) -> None:
@@ -85,6 +109,7 @@ def serve_proxy(
     api_key: Optional[str] = typer.Option(None, envvar="CLAWGYM_PROXY_API_KEY", help="A shared key any rollout id may use (rollouts register on first call)."),
     max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
     ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
+    policy_version: int = typer.Option(0, min=0, help="Policy version of --model, recorded on every call until a sync (a restarted pipeline serves step N's checkpoint as N)."),
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -94,8 +119,6 @@ def serve_proxy(
 
     Example: clawgym serve-proxy --model models/tiny --engine remote --engine-url http://127.0.0.1:8100
     """
-    import json
-
     from clawgym.proxy import ProxyConfig, serve
 
     if not (model / "config.json").exists():
@@ -103,16 +126,10 @@ def serve_proxy(
     options = {"script": str(script)} if script else {}
     if engine_url:
         options["engine_url"] = engine_url
-    for item in engine_option:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UserError(f"--engine-option expects KEY=VALUE, got {item!r}")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
+    options.update(_key_values(engine_option, "--engine-option"))
     config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
-                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options)
+                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options,
+                         policy_version=policy_version)
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
@@ -150,6 +167,8 @@ def rollout(
     step: int = typer.Option(0, help="Step number recorded on each rollout."),
     ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each rollout as a Ray task on this cluster: auto, local, HOST:6379 or ray://HOST:10001 (docs/scale.md)."),
     proxy_host: str = typer.Option("127.0.0.1", help="Where the in-process proxy (--model) listens; 0.0.0.0 lets the nodes of a Ray cluster reach it."),
+    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable, as a recipe's [rollout.HARNESS] (e.g. agentloop.max_tokens=8)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
@@ -169,11 +188,14 @@ def rollout(
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
-                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host)
-    summary = run_rollouts(cfg, err)
-    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
-    status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
-    typer.echo(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {out}")
+                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host,
+                        harness_options=_harness_options(harness_option))
+    with _result(json_out) as report:
+        summary = run_rollouts(cfg, err)
+        mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+        status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
+        report(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {out}",
+               summary.to_json())
 
 
 # --- reconstruct -------------------------------------------------------------------------------
@@ -188,6 +210,7 @@ def build_trees(
     max_leaves: int = typer.Option(64, min=1, help="Drop a rollout whose tree has more leaves than this (over-branching)."),
     metrics: Optional[Path] = typer.Option(None, help="metrics.jsonl to append the trees/ line to (default for a step-NNNN dir: the run's)."),
     step: Optional[int] = typer.Option(None, help="Step number of the metrics line (default: from STEP_DIR's name or the rollouts)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Rebuild each rollout's calls into one prefix tree over token ids, filter it, and report.
 
@@ -197,7 +220,13 @@ def build_trees(
     """
     from clawgym.trees import resolve_config, run_build_trees
 
-    run_build_trees(resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step), Console())
+    config = resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step)
+    with _result(json_out) as report:
+        stats = run_build_trees(config, Console())
+        values = stats.to_metrics(config.step or 0).values
+        report(f"{values['trees/rollouts_kept']:.0f} of {len(stats.rollouts)} rollouts kept, "
+               f"{values['trees/trainable_tokens']:.0f} trainable tokens; wrote {config.out}",
+               {"trees": Path(config.out).resolve(), **{k.removeprefix("trees/"): v for k, v in values.items()}})
 
 
 # --- optimize ----------------------------------------------------------------------------------
@@ -232,6 +261,7 @@ def train(
     seed: int = typer.Option(0, help="Seed for minibatch order."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted call from the checkpoint in --out."),
     force: bool = typer.Option(False, "--force", help="Overwrite the checkpoint in --out."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Update the policy with GRPO, PPO or SFT over the step's packed prefix trees.
 
@@ -246,8 +276,38 @@ def train(
             raise UserError("give a step directory, or both --trees and --rollouts")
         trees, rollouts = trees or step / "trees.parquet", rollouts or step / "rollouts.parquet"
     args = {k: v for k, v in locals().items() if k in TrainConfig.__dataclass_fields__}
-    result = _train(TrainConfig(**args))
-    typer.echo(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens")
+    with _result(json_out) as report:
+        result = _train(TrainConfig(**args))
+        report(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens",
+               {"checkpoint": Path(result.out).resolve(), "updates": result.updates, "rollouts": result.rollouts,
+                "trainable_tokens": result.trainable_tokens,
+                "last_update": {k.removeprefix("train/"): v for k, v in result.last.items()}})
+
+
+# --- sync --------------------------------------------------------------------------------------
+
+
+@app.command("sync")
+def sync(
+    checkpoint: Path = typer.Option(..., help="The checkpoint to serve (an HF directory `clawgym train` wrote)."),
+    proxy: str = typer.Option(..., help="URL of the running proxy (`clawgym serve-proxy`)."),
+    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="The running proxy's admin token."),
+    timeout: float = typer.Option(600.0, min=1.0, help="Seconds to wait for the engine to load the weights."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Hand a new checkpoint to a running proxy and wait until it serves it; prints the new policy version.
+
+    Calls made after this returns are answered by the new weights and record the new version.
+
+    Example: clawgym sync --proxy http://127.0.0.1:8000 --checkpoint runs/demo/checkpoints/step-0001
+    """
+    from clawgym.rollout.proxy_client import sync_weights
+
+    with _result(json_out) as report:
+        done = sync_weights(proxy, admin_token, checkpoint, timeout)
+        report(f"{done.proxy} serves {done.checkpoint} as policy version {done.policy_version} ({done.seconds:.1f} s)",
+               {"proxy": done.proxy, "checkpoint": done.checkpoint, "policy_version": done.policy_version,
+                "previous_version": done.previous_version, "seconds": round(done.seconds, 3)})
 
 
 # --- loop and evaluation -----------------------------------------------------------------------
@@ -282,6 +342,8 @@ def eval_(
     timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
     judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
     judge_model: str = typer.Option("judge", help="The judge's model name."),
+    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable (e.g. agentloop.max_tokens=8)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
 
@@ -293,12 +355,16 @@ def eval_(
 
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier)
-    report = evaluate(cfg, err)
-    report.print(Console())
-    if verifier.judge is None:
-        typer.echo("no judge configured: code scores only")
-    typer.echo(f"Pass@1 {100 * report.overall:.1f}%; wrote {out / 'eval.md'} and {out / 'eval.json'}")
+                        concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier,
+                        harness_options=_harness_options(harness_option))
+    with _result(json_out) as report:
+        scores = evaluate(cfg, err)
+        scores.print(Console())
+        if verifier.judge is None:
+            typer.echo("no judge configured: code scores only")
+        report(f"Pass@1 {100 * scores.overall:.1f}%; wrote {out / 'eval.md'} and {out / 'eval.json'}",
+               {"out": out.resolve(), "eval_json": (out / "eval.json").resolve(), "pass@1": scores.overall,
+                "per_category": scores.per_category(), "excluded": scores.excluded, "judge": verifier.judge is not None})
 
 
 # --- engines -----------------------------------------------------------------------------------
@@ -451,18 +517,62 @@ def _names(csv: str) -> list[str]:
     return [h.strip() for h in csv.split(",") if h.strip()]
 
 
+def _key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """Repeated KEY=VALUE options as a dict; VALUE is JSON when it parses (8, true, 0.5), else a string."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _harness_options(items: list[str]) -> dict[str, dict[str, Any]]:
+    """--harness-option HARNESS.KEY=VALUE items as {harness: {key: value}}, like a recipe's [rollout.HARNESS]."""
+    from clawgym.rollout.harnesses import HARNESSES
+
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in _key_values(items, "--harness-option").items():
+        harness, dot, name = key.partition(".")
+        if not dot or not harness or not name:
+            raise UserError(f"--harness-option expects HARNESS.KEY=VALUE (e.g. agentloop.max_tokens=8), got {key!r}")
+        if harness not in HARNESSES:
+            raise UserError(f"--harness-option {key}: unknown harness '{harness}'; choose from: {', '.join(HARNESSES)}")
+        out.setdefault(harness, {})[name] = value
+    return out
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be, so it takes the same clean path (open sandboxes closed,
+    finished rollouts and checkpoints kept): a script's trap, a CI timeout and `docker stop` send it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def main() -> None:
-    """Console entry point: run the app, turning expected failures into one line and exit 1."""
+    """Console entry point: run the app, turning expected failures into one line and exit 1
+    (130 after Ctrl-C, 143 after SIGTERM)."""
+    import signal
+
     from clawgym.artifacts import ArtifactError
 
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except (UserError, ArtifactError) as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        err.print("terminated" if isinstance(e, _Terminated) else "interrupted")
+        sys.exit(143 if isinstance(e, _Terminated) else 130)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def inspect_path(path: Path, console: Console, *, rollout: Optional[str] = None,
     if path.is_dir():
         if (path / "config.json").exists():
             return inspect_model(path, console)
-        if (path / "metrics.jsonl").exists():
+        if (path / "metrics.jsonl").exists() or any(path.glob("step-[0-9]*/rollouts.parquet")):
             return inspect_run(path, console)
         return inspect_directory(path, console)
     if path.suffix == ".parquet":
@@ -312,8 +312,24 @@ RUN_COLUMNS = [
 
 
 def inspect_run(path: Path, console: Console) -> None:
-    """A run directory: one row per step from metrics.jsonl, then where the plots are."""
-    lines = A.read_metrics(path / "metrics.jsonl")
+    """A run directory: one row per step, then where the plots are.
+
+    A step's row is its metrics.jsonl lines (`clawgym run` writes one per step) over the figures
+    read from the step's own files, so a run chained from the shell (recipes/pipeline.sh), which
+    has no such lines, shows the same table; its eval/step-NNNN/eval.json adds the Pass@1."""
+    from clawgym.loop import step_values
+
+    rows: dict[int, dict[str, float]] = {}
+    for sdir in sorted(path.glob("step-[0-9]*")):
+        if sdir.name[5:].isdigit() and (sdir / "rollouts.parquet").exists():
+            rows[int(sdir.name[5:])] = step_values(sdir)
+    for sdir in sorted((path / "eval").glob("step-[0-9]*/eval.json")):
+        if sdir.parent.name[5:].isdigit():
+            rows.setdefault(int(sdir.parent.name[5:]), {})["eval/pass@1"] = float(json.loads(sdir.read_text())["pass@1"])
+    if (path / "metrics.jsonl").exists():
+        for m in A.read_metrics(path / "metrics.jsonl"):
+            rows.setdefault(m.step, {}).update(m.values)
+    lines = [A.MetricsLine(step, values) for step, values in sorted(rows.items())]
     keys = {k for m in lines for k in m.values}
     harness_cols = [(k, k.rsplit("/", 1)[1]) for k in sorted(keys) if k.startswith("rollout/reward_mean/")]
     cols = [(k, title) for k, title in RUN_COLUMNS[:1] + harness_cols + RUN_COLUMNS[1:] if k in keys]

@@ -114,7 +114,7 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
             policy = ckpt
             # 5. report (once per step, also after a resume that found the step already trained)
             if step not in reported:
-                values = {**_step_values(sdir), **times, "time/step_s": time.monotonic() - t0}
+                values = {**step_values(sdir), **times, "time/step_s": time.monotonic() - t0}
                 # 6. evaluate
                 if recipe.eval.every and step % recipe.eval.every == 0 and proxy is not None:
                     values.update(_evaluate(recipe, run_dir, step, proxy, console))
@@ -175,8 +175,9 @@ def _copy_offline(from_run: Path, sdir: Path, step: int) -> None:
             shutil.copy2(src / name, sdir / name)
 
 
-def _step_values(sdir: Path) -> dict[str, float]:
-    """rollout/ trees/ train/ numbers of a finished step, from its files."""
+def step_values(sdir: Path) -> dict[str, float]:
+    """rollout/ trees/ train/ numbers of a finished step, from its files (also `clawgym inspect` of a
+    run whose stages were chained from the shell, which has no metrics.jsonl lines of its own)."""
     values: dict[str, float] = {}
     rollouts = A.read_table(sdir / "rollouts.parquet", A.RolloutRecord)
     scored = [r.reward for r in rollouts if r.reward is not None]

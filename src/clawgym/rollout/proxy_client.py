@@ -4,14 +4,17 @@ The runner talks to the proxy only through its admin HTTP routes (admin token), 
 runs in this process (`start_local_proxy`, records under the run's output folder) or elsewhere on
 this machine (`ProxyClient.connect`, with the folder the proxy records into). Settling follows the
 paper (§3.4): a rollout is settled when no call of it is in flight and its record count is
-unchanged across several checks.
+unchanged across several checks. `sync_weights` (`clawgym sync`) hands a new checkpoint to a
+running proxy through the same admin client.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlparse
@@ -25,10 +28,19 @@ from clawgym.errors import UserError
 class ProxyUnavailable(Exception):
     """The proxy did not answer or refused an admin call; the rollout is an infra_error."""
 
+    def __init__(self, message: str, status: int | None = None, reason: str = ""):
+        super().__init__(message)
+        self.status = status
+        """the HTTP status of a refusal; None when the proxy did not answer"""
+        self.reason = reason
+        """the proxy's own error message of a refusal"""
+
 
 class ProxyClient:
-    def __init__(self, url: str, admin_token: str, records: Path, model_dir: Path | None = None):
-        self.url, self.admin_token, self.records = url.rstrip("/"), admin_token, Path(records)
+    def __init__(self, url: str, admin_token: str, records: Path | None = None, model_dir: Path | None = None):
+        self.url, self.admin_token = url.rstrip("/"), admin_token
+        self.records = Path(records) if records is not None else Path(".")
+        """the folder the proxy records into (read by collect_calls; a client that only reloads needs none)"""
         self.model_dir = model_dir
         """the served model's folder (its tokenizer reads call texts to classify roles), when on this machine"""
         port = urlparse(self.url).port
@@ -56,7 +68,7 @@ class ProxyClient:
                 return orjson.loads(resp.read())
         except urllib.error.HTTPError as e:
             detail = e.read()[:300].decode("utf-8", "replace")
-            raise ProxyUnavailable(f"proxy admin {method} {path}: HTTP {e.code} {detail}") from None
+            raise ProxyUnavailable(f"proxy admin {method} {path}: HTTP {e.code} {detail}", e.code, _reason(detail)) from None
         except (urllib.error.URLError, OSError) as e:
             raise ProxyUnavailable(f"proxy at {self.url} unreachable: {e}") from None
 
@@ -100,6 +112,55 @@ class ProxyClient:
                     copy_to.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(path, copy_to / path.name)
         return calls
+
+
+def _reason(detail: str) -> str:
+    """The message of an admin error body ({"error": {"message": ...}}), else the body itself."""
+    try:
+        message = str(orjson.loads(detail)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        message = detail
+    return " ".join(message.split())  # one line, whatever the engine's exception text held
+
+
+@dataclass
+class SyncResult:
+    """What `clawgym sync` reports: the proxy now serves `checkpoint` as `policy_version`."""
+
+    proxy: str
+    checkpoint: Path
+    policy_version: int
+    previous_version: int
+    seconds: float
+
+
+def sync_weights(url: str, admin_token: str | None, checkpoint: Path, timeout: float = 600.0) -> SyncResult:
+    """Make the proxy at `url` reload its engine's weights from `checkpoint`, and return once the
+    new policy version serves. Every failure is a one-line UserError naming its cause."""
+    if not admin_token:
+        raise UserError("give the proxy's admin token with --admin-token or CLAWGYM_ADMIN_TOKEN (serve-proxy prints it when it made one)")
+    # The proxy resolves a relative path against its own working folder: send an absolute one when
+    # the checkpoint is on this machine (a remote proxy's path is sent as given).
+    ckpt = Path(checkpoint).resolve() if Path(checkpoint).exists() else Path(checkpoint)
+    client = ProxyClient(url, admin_token)
+    started = time.monotonic()
+    try:
+        before = int(client.admin("GET", "/admin/health")["policy_version"])
+        version = int(client.admin("POST", "/admin/reload", {"checkpoint": str(ckpt)}, timeout=timeout)["policy_version"])
+        # The engines answer the reload once the new weights are in place; poll anyway, so that
+        # "synced" always means the proxy reports the new version.
+        deadline = started + timeout
+        while (served := int(client.admin("GET", "/admin/health")["policy_version"])) < version:
+            if time.monotonic() > deadline:
+                raise UserError(f"proxy at {client.url} still serves policy version {served}, not {version}, after {timeout:.0f} s")
+            time.sleep(0.1)
+    except ProxyUnavailable as e:
+        if e.status == 401:
+            raise UserError(f"proxy at {client.url} refused the admin token (give the one serve-proxy was started with)") from None
+        if e.status is not None:
+            raise UserError(f"proxy at {client.url} could not load checkpoint {ckpt}: {e.reason}") from None
+        raise UserError(f"no proxy answers at {client.url}: {str(e).split(': ', 1)[-1]}") from None
+    return SyncResult(client.url, ckpt, served, before, time.monotonic() - started)
 
 
 @contextlib.contextmanager

@@ -112,6 +112,20 @@ class RolloutSummary:
             out[r.status] = out.get(r.status, 0) + 1
         return out
 
+    def to_json(self) -> dict[str, Any]:
+        """The figures a script needs (`clawgym rollout --json`): counts, the reward's mean and sample
+        std over scored rollouts, the policy versions that answered the calls, and the tables written."""
+        import pyarrow.parquet as pq
+
+        rewards = [r.reward for r in self.rollouts if r.reward is not None]
+        calls = Path(self.out) / "calls.parquet"
+        versions = sorted(set(pq.read_table(calls, columns=["policy_version"]).column(0).to_pylist())) if calls.exists() else []
+        return {"out": Path(self.out).resolve(), "rollouts": len(self.rollouts), "status": self.status_counts(),
+                "scored": len(rewards), "mean_reward": self.mean_reward,
+                "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else None, "calls": self.n_calls,
+                "policy_versions": versions, "wall_time_s": round(self.wall_time_s, 3),
+                "rollouts_parquet": (Path(self.out) / "rollouts.parquet").resolve(), "calls_parquet": calls.resolve()}
+
 
 @dataclass(frozen=True)
 class _Plan:
