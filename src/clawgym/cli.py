@@ -85,6 +85,7 @@ def serve_proxy(
     api_key: Optional[str] = typer.Option(None, envvar="CLAWGYM_PROXY_API_KEY", help="A shared key any rollout id may use (rollouts register on first call)."),
     max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
     ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
+    tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json (docs/engines.md)."),
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -94,8 +95,6 @@ def serve_proxy(
 
     Example: clawgym serve-proxy --model models/tiny --engine remote --engine-url http://127.0.0.1:8100
     """
-    import json
-
     from clawgym.proxy import ProxyConfig, serve
 
     if not (model / "config.json").exists():
@@ -103,23 +102,18 @@ def serve_proxy(
     options = {"script": str(script)} if script else {}
     if engine_url:
         options["engine_url"] = engine_url
-    for item in engine_option:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UserError(f"--engine-option expects KEY=VALUE, got {item!r}")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
+    options.update(_key_values(engine_option, "--engine-option", "KEY=VALUE"))
     config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
-                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options)
+                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options,
+                         tool_parser=tool_parser)
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
-    def ready(url: str, token: str) -> None:
-        typer.echo(f"serving {model} ({engine}) on {url}; records in {records}")
+    def ready(url: str, server) -> None:
+        typer.echo(f"serving {model} ({engine}, tool parser {server.tool_parser}: {server.tool_parser_source}) on {url}; "
+                   f"records in {records}")
         if admin_token is None:
-            typer.echo(f"admin token: {token}")
+            typer.echo(f"admin token: {server.admin_token}")
 
     serve(config, ready=ready)
 
@@ -150,6 +144,9 @@ def rollout(
     step: int = typer.Option(0, help="Step number recorded on each rollout."),
     ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each rollout as a Ray task on this cluster: auto, local, HOST:6379 or ray://HOST:10001 (docs/scale.md)."),
     proxy_host: str = typer.Option("127.0.0.1", help="Where the in-process proxy (--model) listens; 0.0.0.0 lets the nodes of a Ray cluster reach it."),
+    tool_parser: str = typer.Option("auto", help="In-process proxy: tool-call parser, auto (from the chat template), hermes, json-list, llama3-json."),
+    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable (e.g. agentloop.max_tokens=1024, "
+                                             "agentloop.temperature=0.7; docs/harnesses.md); VALUE is JSON when it parses."),
 ) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
@@ -165,11 +162,14 @@ def rollout(
     options = {"script": str(script)} if script else {}
     if max_context:
         options["max_context"] = max_context
+    if proxy and tool_parser != "auto":
+        raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
-                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host)
+                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host, tool_parser=tool_parser,
+                        harness_options=_harness_options(harness_option))
     summary = run_rollouts(cfg, err)
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
@@ -282,6 +282,8 @@ def eval_(
     timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
     judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
     judge_model: str = typer.Option("judge", help="The judge's model name."),
+    tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json."),
+    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable (as for rollout)."),
 ) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
 
@@ -293,7 +295,8 @@ def eval_(
 
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier)
+                        concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier,
+                        tool_parser=tool_parser, harness_options=_harness_options(harness_option))
     report = evaluate(cfg, err)
     report.print(Console())
     if verifier.judge is None:
@@ -445,6 +448,33 @@ def harness_list() -> None:
 def _names(csv: str) -> list[str]:
     """A comma-separated option as a list, blanks dropped."""
     return [h.strip() for h in csv.split(",") if h.strip()]
+
+
+def _key_values(items: list[str], option: str, form: str) -> dict[str, object]:
+    """Repeated KEY=VALUE options as a dict; VALUE is JSON when it parses (numbers, true, lists), else a string."""
+    import json
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"{option} expects {form}, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _harness_options(items: list[str]) -> dict[str, dict[str, object]]:
+    """--harness-option HARNESS.KEY=VALUE items as {harness: {key: value}} (checked by the runner)."""
+    out: dict[str, dict[str, object]] = {}
+    for dotted, value in _key_values(items, "--harness-option", "HARNESS.KEY=VALUE").items():
+        name, dot, key = dotted.partition(".")
+        if not dot or not name or not key:
+            raise UserError(f"--harness-option expects HARNESS.KEY=VALUE, got {dotted!r}")
+        out.setdefault(name, {})[key] = value
+    return out
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
     DELETE /admin/rollouts/{id}            forget a finished rollout's render state, close its file
     POST   /admin/rollouts/{id}/script     {"items": [...]} queue model texts (scripted engine)
     POST   /admin/reload                   {"checkpoint": DIR} -> new policy_version
-    GET    /admin/health                   engine, policy version, rollouts, in flight
+    GET    /admin/health                   engine, policy version, tool parser, rollouts, in flight
     GET    /admin/metrics                  Prometheus text format
 
 The admin token travels as `Authorization: Bearer …` or `x-admin-token`. A rollout's API key is
@@ -165,6 +165,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
         return _json({"status": "ok", "engine": server.config.engine, "model": server.model_name,
                       "model_dir": str(Path(server.config.model_dir).resolve()),
                       "policy_version": server.engine.policy_version, "max_context": server.engine.max_context,
+                      "tool_parser": server.tool_parser, "tool_parser_source": server.tool_parser_source,
                       "rollouts": len(server.rollouts), "in_flight": sum(r.in_flight for r in server.rollouts.values())})
 
     async def metrics(request: web.Request) -> web.Response:

@@ -40,7 +40,7 @@ from clawgym.proxy import anthropic, openai_chat, openai_responses
 from clawgym.proxy.admin import Metrics
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
-from clawgym.proxy.toolparse import PARSERS
+from clawgym.proxy import toolparse
 from clawgym.proxy.types import ChatRequest, ProtocolError, Turn, new_id
 
 log = logging.getLogger("clawgym.proxy")
@@ -62,7 +62,8 @@ class ProxyConfig:
     max_context: int | None = None
     """override the model's window (e.g. the scripted engine serving huge harness prompts)"""
     default_max_tokens: int = 4096
-    tool_parser: str = "hermes"
+    tool_parser: str = toolparse.AUTO
+    """a name in toolparse.PARSERS, or auto: detected from the chat template (docs/engines.md)"""
     audit_render: bool = False
     """also render every request fully and compare with the incremental result (tests, debugging)"""
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -89,13 +90,11 @@ class ProxyServer:
         from transformers import AutoTokenizer
 
         self.config = config
-        if config.tool_parser not in PARSERS:
-            from clawgym.errors import UserError
-
-            raise UserError(f"unknown tool parser '{config.tool_parser}'; choose one of: {', '.join(PARSERS)}")
-        self.parser = PARSERS[config.tool_parser]
+        toolparse.check_name(config.tool_parser)  # before any loading: a typo fails at once
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
         self.renderer = Renderer(self.tokenizer)
+        self.tool_parser, self.tool_parser_source = toolparse.choose(config.tool_parser, self.renderer.text)
+        self.parser = toolparse.PARSERS[self.tool_parser]
         opts = dict(config.engine_options)
         if config.max_context:
             opts.setdefault("max_context", config.max_context)

@@ -88,6 +88,8 @@ class RolloutConfig:
     """CPUs each rollout task asks Ray for"""
     proxy_host: str = "127.0.0.1"
     """where the in-process proxy (`model`) listens; 0.0.0.0 lets other nodes of a Ray cluster reach it"""
+    tool_parser: str = "auto"
+    """the in-process proxy's tool-call parser (a name in clawgym.proxy.toolparse.PARSERS, or auto)"""
 
 
 @dataclass
@@ -133,6 +135,8 @@ def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
         raise UserError(f"unknown harness '{unknown[0]}'; choose from: {', '.join(HARNESSES)}")
     if config.n < 1 or config.concurrency < 1:
         raise UserError(f"--n and --concurrency must be at least 1 (got {config.n}, {config.concurrency})")
+    if stray := sorted(set(config.harness_options) - set(HARNESSES)):
+        raise UserError(f"options given for unknown harness '{stray[0]}'; choose from: {', '.join(HARNESSES)}")
     harnesses = {}
     for name in config.harnesses:
         try:
