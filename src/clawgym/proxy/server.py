@@ -83,6 +83,8 @@ class Rollout:
     last_activity: float = field(default_factory=time.time)
     last_call: tuple[int, str, str] = (-1, "", "")
     """(seq, status, error) of the latest-started call that finished without being cancelled"""
+    context_refused: tuple[int, str] = (-1, "")
+    """(calls started by then, message) of the latest request refused as longer than the context window"""
 
 
 class ProxyServer:
@@ -229,6 +231,8 @@ class ProxyServer:
             if len(plan.prompt_ids) >= window:
                 raise proto.context_error(len(plan.prompt_ids), window)
         except ProtocolError as e:
+            if e.kind == "context_length":  # the runner reports it when no call came after (docs/harnesses.md)
+                rollout.context_refused = (rollout.seq, e.message)
             return self._error(proto, e)
         self.metrics.inc("clawgym_proxy_render_total", mode=plan.mode)
         if plan.fallback:

@@ -11,7 +11,9 @@ One rollout, read top to bottom (`_run_one`):
 6. append the rollout's row to `results.jsonl` (fsync'd), close the rollout and the sandbox.
 
 Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
-`harness_error` (scored as is: a crash is the policy's outcome too); a sandbox, proxy or start
+`harness_error` (scored as is: a crash is the policy's outcome too), and so is one whose last
+request was refused as longer than the model's context window (`context_length_exceeded: ...` in
+its error, docs/harnesses.md); a sandbox, proxy or start
 failure is `infra_error` with a null reward, excluded from training, and so is a timeout or harness
 error whose last model call failed in the engine (the harness gave up on it, or was still retrying
 it). One rollout's failure never stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
@@ -267,6 +269,9 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
         if rec.status in ("timeout", "harness_error") and (failed := _engine_failed_last(status)):
             # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
             rec.status, rec.error = "infra_error", f"the model engine failed on the last call ({failed}); {rec.error}"
+        if overflow := status.get("context_exceeded"):  # its last request did not fit: the policy's ending, scored
+            rec.status = "timeout" if run.timed_out else "harness_error"
+            rec.error = f"context_length_exceeded: {overflow}" + (f"; {rec.error}" if rec.error else "")
         blocked = sb.blocked_attempts()
         if blocked:
             rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
