@@ -22,6 +22,7 @@ from clawgym.proxy import ProxyConfig, ProxyThread
 from clawgym.proxy.toolparse import PARSERS, choose, detect
 
 from test_proxy_sdk import assert_token_prefix_property
+from test_rollout import CHECK_HI, make_task, script
 
 # --- the three forms, as a model writes them --------------------------------------------------
 
@@ -310,6 +311,9 @@ def test_recipe_engine_tool_parser(tmp_path: Path) -> None:
     path.write_text(head + '[engine]\nname = "hf"\ntool_parser = "json-list"\ndtype = "float32"\n')
     r = load_recipe(path)
     assert r.engine.tool_parser == "json-list" and r.engine.options == {"dtype": "float32"}  # not an engine option
+    from clawgym.loop import _rollout_config
+
+    assert _rollout_config(r, tmp_path / "step", 1, 0).tool_parser == "json-list"  # what the run's proxy is started with
     saved = tmp_path / "saved.toml"
     saved.write_text(recipe_to_toml(r))
     assert load_recipe(saved).engine.tool_parser == "json-list"
@@ -321,3 +325,21 @@ def test_recipe_engine_tool_parser(tmp_path: Path) -> None:
         load_recipe(path)
     path.write_text(head)
     assert load_recipe(path).engine.tool_parser == "auto" and "tool_parser =" not in recipe_to_toml(load_recipe(path))
+
+
+@pytest.mark.slow
+def test_rollout_serves_with_the_parser_it_is_given(tmp_path: Path, tiny_model: Path) -> None:
+    """The same Llama-form answer: a tool call with --tool-parser llama3-json, plain text under auto (hermes)."""
+    from clawgym.rollout.runner import RolloutConfig, run_rollouts
+
+    make_task(tmp_path / "tasks", "hello", check=CHECK_HI)
+    rewards = {}
+    for parser in ("llama3-json", "auto"):
+        s = script(tmp_path / f"{parser}.jsonl", {"hello.agentloop.0": [llama3("", [("write", {"path": "out.txt", "content": "hi"})]),
+                                                                      "Done."]})
+        cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / parser, model=tiny_model,
+                            engine="scripted", engine_options={"script": str(s)}, tool_parser=parser)
+        [rec] = run_rollouts(cfg).rollouts
+        assert rec.status == "ok"
+        rewards[parser] = (rec.reward, rec.n_calls)
+    assert rewards == {"llama3-json": (1.0, 2), "auto": (0.0, 1)}
