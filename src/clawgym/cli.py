@@ -110,8 +110,8 @@ def serve_proxy(
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
     def ready(url: str, server) -> None:
-        typer.echo(f"serving {model} ({engine}, tool parser {server.tool_parser}: {server.tool_parser_source}) on {url}; "
-                   f"records in {records}")
+        typer.echo(f"serving {model} ({engine}) on {url}; records in {records}; "
+                   f"tool parser {server.tool_parser}: {server.tool_parser_source}")
         if admin_token is None:
             typer.echo(f"admin token: {server.admin_token}")
 
