@@ -149,7 +149,7 @@ def test_variant_templates_really_changed() -> None:
      "default: the chat template could not render a tool call"),
     (CHAT_TEMPLATE.replace(_CALLS_HERMES, _CALLS_HERMES + _calls("<tool_call>[", ", ", "]</tool_call>", "arguments", "")),
      "hermes", "default: the chat template's tool calls read as hermes and json-list"),
-])
+], ids=["hermes", "json-list", "llama3-json", "llama-headers", "chatml-no-tools", "raises", "two-forms"])
 def test_detect_from_the_template(tiny_tokenizer, template: str, expected: str, why: str) -> None:
     name, reason = detect(_render(tiny_tokenizer, template))
     assert name == expected and reason.startswith(why)
