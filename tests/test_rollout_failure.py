@@ -13,6 +13,7 @@ SYMPTOMS = {
     "sandbox_setup": "SandboxError: cannot create a sandbox folder",
     "engine": "the last call failed there (engine exploded)",
     "infra": "ProxyUnavailable: proxy did not answer",
+    "context": "prompt is 5000 tokens, the context window 4096",
     "endpoint": "model endpoint failed: Connection error.",
     "harness": "exit code 1: RuntimeError: harness bug",
     "timeout": "killed after 3 s",
@@ -46,7 +47,7 @@ def test_statuses_by_cause() -> None:
         got[cause] = root_cause(ev)[1]
     # only what the policy did is scored: its own crash and its timeout
     assert got == {"sandbox_gone": "infra_error", "sandbox_setup": "infra_error", "engine": "infra_error",
-                   "infra": "infra_error", "endpoint": "infra_error", "harness": "harness_error", "timeout": "timeout"}
+                   "infra": "infra_error", "context": "harness_error", "endpoint": "infra_error", "harness": "harness_error", "timeout": "timeout"}
 
 
 def test_sandbox_gone_beats_the_relay_break_it_causes() -> None:

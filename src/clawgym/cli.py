@@ -110,6 +110,7 @@ def serve_proxy(
     max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
     ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
     policy_version: int = typer.Option(0, min=0, help="Policy version of --model, recorded on every call until a sync (a restarted pipeline serves step N's checkpoint as N)."),
+    tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json (docs/engines.md)."),
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -129,14 +130,15 @@ def serve_proxy(
     options.update(_key_values(engine_option, "--engine-option"))
     config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
                          api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options,
-                         policy_version=policy_version)
+                         policy_version=policy_version, tool_parser=tool_parser)
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
-    def ready(url: str, token: str) -> None:
-        typer.echo(f"serving {model} ({engine}) on {url}; records in {records}")
+    def ready(url: str, server) -> None:
+        typer.echo(f"serving {model} ({engine}) on {url}; records in {records}; "
+                   f"tool parser {server.tool_parser}: {server.tool_parser_source}")
         if admin_token is None:
-            typer.echo(f"admin token: {token}")
+            typer.echo(f"admin token: {server.admin_token}")
 
     serve(config, ready=ready)
 
@@ -167,7 +169,9 @@ def rollout(
     step: int = typer.Option(0, help="Step number recorded on each rollout."),
     ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each rollout as a Ray task on this cluster: auto, local, HOST:6379 or ray://HOST:10001 (docs/scale.md)."),
     proxy_host: str = typer.Option("127.0.0.1", help="Where the in-process proxy (--model) listens; 0.0.0.0 lets the nodes of a Ray cluster reach it."),
-    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable, as a recipe's [rollout.HARNESS] (e.g. agentloop.max_tokens=8)."),
+    tool_parser: str = typer.Option("auto", help="In-process proxy: tool-call parser, auto (from the chat template), hermes, json-list, llama3-json."),
+    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable, as a recipe's [rollout.HARNESS] "
+                                             "(e.g. agentloop.max_tokens=1024, agentloop.temperature=0.7; docs/harnesses.md); VALUE is JSON when it parses."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
@@ -184,11 +188,13 @@ def rollout(
     options = {"script": str(script)} if script else {}
     if max_context:
         options["max_context"] = max_context
+    if proxy and tool_parser != "auto":
+        raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
-                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host,
+                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host, tool_parser=tool_parser,
                         harness_options=_harness_options(harness_option))
     with _result(json_out) as report:
         summary = run_rollouts(cfg, err)
@@ -342,7 +348,8 @@ def eval_(
     timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
     judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
     judge_model: str = typer.Option("judge", help="The judge's model name."),
-    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable (e.g. agentloop.max_tokens=8)."),
+    tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json."),
+    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable (as for rollout)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
@@ -356,7 +363,7 @@ def eval_(
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier,
-                        harness_options=_harness_options(harness_option))
+                        tool_parser=tool_parser, harness_options=_harness_options(harness_option))
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
         scores.print(Console())

@@ -2,7 +2,7 @@
 
     [run]      name, dir, steps, seed
     [model]    path = "models/tiny"   or   init = "tiny" | "small", init_seed = 0
-    [engine]   name = "hf", and engine options
+    [engine]   name = "hf", tool_parser = "auto", and engine options
     [rollout]  tasks, harnesses, n, concurrency, timeout, sandbox, network, judge_url, judge_model
     [rollout.<harness>]  that harness adapter's options (e.g. [rollout.agentloop] max_tokens = 8)
     [trees]    max_leaves
@@ -49,6 +49,8 @@ class ModelSection:
 @dataclass
 class EngineSection:
     name: str = "hf"
+    tool_parser: str = "auto"
+    """the proxy's tool-call parser: auto (from the chat template) or a name in clawgym.proxy.toolparse.PARSERS"""
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -174,7 +176,7 @@ def load_recipe(path: str | Path) -> Recipe:
             raise UserError(f"{path}: [{name}] must be a table")
         extra = set(HARNESSES) if name == "rollout" else set()
         if name == "engine":
-            sections[name] = EngineSection(name=table.get("name", "hf"), options={k: v for k, v in table.items() if k != "name"})
+            sections[name] = _engine_section(table, f"{path} [engine]")
             continue
         sections[name] = _section(cls, table, f"{path} [{name}]", extra)
         if name == "rollout":
@@ -191,6 +193,22 @@ def load_recipe(path: str | Path) -> Recipe:
     _resolve_paths(recipe)
     _validate(recipe, HARNESSES)
     return recipe
+
+
+def _engine_section(table: dict, where: str) -> EngineSection:
+    """[engine]: name and tool_parser are the proxy's; every other key is an engine option."""
+    from clawgym.proxy.toolparse import check_name
+
+    known = {"name": str, "tool_parser": str}
+    for key, kind in known.items():
+        if key in table and not isinstance(table[key], kind):
+            raise UserError(f"{where} key '{key}' must be str, got {type(table[key]).__name__} {table[key]!r}")
+    try:
+        parser = check_name(table.get("tool_parser", "auto"))
+    except UserError as e:
+        raise UserError(f"{where} key 'tool_parser': {e}") from None
+    return EngineSection(name=table.get("name", "hf"), tool_parser=parser,
+                         options={k: v for k, v in table.items() if k not in known})
 
 
 def _resolve_paths(r: Recipe) -> None:
@@ -235,7 +253,9 @@ def recipe_to_toml(r: Recipe) -> str:
     doc = {
         "run": plain({**dataclasses.asdict(r.run), "dir": r.run_dir}),
         "model": plain(dataclasses.asdict(r.model)),
-        "engine": plain({"name": r.engine.name, **r.engine.options}),
+        # tool_parser only when set: a run saved before the key existed still resumes with its recipe
+        "engine": plain({"name": r.engine.name, **({"tool_parser": r.engine.tool_parser} if r.engine.tool_parser != "auto" else {}),
+                         **r.engine.options}),
         "rollout": {**plain(rollout), **{h: plain(o) for h, o in harness_options.items()}},
         "trees": plain(dataclasses.asdict(r.trees)),
         "train": plain(r.train),

@@ -150,7 +150,8 @@ def _rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *
                          concurrency=ro.concurrency, engine=recipe.engine.name, engine_options=dict(recipe.engine.options),
                          timeout_s=ro.timeout, sandbox=ro.sandbox, network=ro.network, step=step,
                          policy_version=policy_version, harness_options=ro.harness_options, verifier=VerifierConfig.with_judge(ro.judge_url, ro.judge_model),
-                         ray=recipe.ray.address, ray_num_cpus=recipe.ray.num_cpus, proxy_host=recipe.ray.proxy_host)
+                         ray=recipe.ray.address, ray_num_cpus=recipe.ray.num_cpus, proxy_host=recipe.ray.proxy_host,
+                         tool_parser=recipe.engine.tool_parser)
 
 
 def _train_step(recipe: Recipe, sdir: Path, policy: Path, ckpt: Path, step: int) -> None:

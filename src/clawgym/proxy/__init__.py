@@ -13,7 +13,7 @@ __all__ = ["ProxyConfig", "ProxyServer", "ProxyThread", "export_calls", "read_re
 
 
 def serve(config: ProxyConfig, *, ready=None) -> None:
-    """Run the proxy until SIGINT or SIGTERM; `ready(url, admin_token)` is called once it listens.
+    """Run the proxy until SIGINT or SIGTERM; `ready(url, server)` is called once it listens.
 
     Both signals stop it the same way: no new connections, running calls finish and are recorded.
     They are handled explicitly because a proxy started in the background (`nohup ... &`, a
@@ -33,7 +33,7 @@ def serve(config: ProxyConfig, *, ready=None) -> None:
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signals
                 pass
         if ready is not None:
-            ready(url, server.admin_token)
+            ready(url, server)
         try:
             await stop.wait()
         finally:

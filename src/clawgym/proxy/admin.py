@@ -2,12 +2,13 @@
 
     POST   /admin/rollouts                 {"rollout_id"?, "role"?, "script"?: [...]} -> base URLs + API key
     GET    /admin/rollouts/{id}            status for settling: calls recorded, in flight, last activity,
-                                           the last answered call's status and error
+                                           the last answered call's status and error, and whether the
+                                           last request was refused as too long for the context window
     GET    /admin/rollouts/{id}/conversation  each call's new messages and parsed answer (`conversation.py`)
     DELETE /admin/rollouts/{id}            forget a finished rollout's render state, close its file
     POST   /admin/rollouts/{id}/script     {"items": [...]} queue model texts (scripted engine)
     POST   /admin/reload                   {"checkpoint": DIR} -> new policy_version
-    GET    /admin/health                   engine, policy version, rollouts, in flight
+    GET    /admin/health                   engine, policy version, tool parser, rollouts, in flight
     GET    /admin/metrics                  Prometheus text format
 
 The admin token travels as `Authorization: Bearer …` or `x-admin-token`. A rollout's API key is
@@ -123,7 +124,9 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
         return {"rollout_id": r.id, "role": r.role, "calls_recorded": server.recorder.count(r.id), "calls_started": r.seq,
                 "in_flight": r.in_flight, "errors": r.errors, "last_activity": r.last_activity,
                 "idle_s": round(time.time() - r.last_activity, 3), "policy_version": server.engine.policy_version,
-                "last_call_status": r.last_call[1], "last_call_error": r.last_call[2]}
+                "last_call_status": r.last_call[1], "last_call_error": r.last_call[2],
+                # the last thing the rollout asked for did not fit the window: no call started after it
+                "context_exceeded": r.context_refused[1] if r.context_refused[0] == r.seq else ""}
 
     async def register(request: web.Request) -> web.Response:
         data = await body(request)
@@ -181,6 +184,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
         return _json({"status": "ok", "engine": server.config.engine, "model": server.model_name,
                       "model_dir": str(Path(server.config.model_dir).resolve()),
                       "policy_version": server.engine.policy_version, "max_context": server.engine.max_context,
+                      "tool_parser": server.tool_parser, "tool_parser_source": server.tool_parser_source,
                       "rollouts": len(server.rollouts), "in_flight": sum(r.in_flight for r in server.rollouts.values())})
 
     async def metrics(request: web.Request) -> web.Response:

@@ -40,7 +40,7 @@ from clawgym.proxy.admin import Metrics, secret_matches
 from clawgym.proxy.conversation import ConversationLog
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
-from clawgym.proxy.toolparse import PARSERS
+from clawgym.proxy import toolparse
 from clawgym.proxy.types import ChatRequest, ProtocolError, Turn, new_id
 
 log = logging.getLogger("clawgym.proxy")
@@ -62,7 +62,8 @@ class ProxyConfig:
     max_context: int | None = None
     """override the model's window (e.g. the scripted engine serving huge harness prompts)"""
     default_max_tokens: int = 4096
-    tool_parser: str = "hermes"
+    tool_parser: str = toolparse.AUTO
+    """a name in toolparse.PARSERS, or auto: detected from the chat template (docs/engines.md)"""
     audit_render: bool = False
     """also render every request fully and compare with the incremental result (tests, debugging)"""
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -84,6 +85,8 @@ class Rollout:
     """(seq, status, error) of the latest-started call that finished without being cancelled"""
     conversation: ConversationLog = field(default_factory=ConversationLog)
     """what each call said and answered, for the rollout's transcript"""
+    context_refused: tuple[int, str] = (-1, "")
+    """(calls started by then, message) of the latest request refused as longer than the context window"""
 
 
 class ProxyServer:
@@ -91,13 +94,11 @@ class ProxyServer:
         from transformers import AutoTokenizer
 
         self.config = config
-        if config.tool_parser not in PARSERS:
-            from clawgym.errors import UserError
-
-            raise UserError(f"unknown tool parser '{config.tool_parser}'; choose one of: {', '.join(PARSERS)}")
-        self.parser = PARSERS[config.tool_parser]
+        toolparse.check_name(config.tool_parser)  # before any loading: a typo fails at once
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
         self.renderer = Renderer(self.tokenizer)
+        self.tool_parser, self.tool_parser_source = toolparse.choose(config.tool_parser, self.renderer.text)
+        self.parser = toolparse.PARSERS[self.tool_parser]
         opts = dict(config.engine_options)
         if config.max_context:
             opts.setdefault("max_context", config.max_context)
@@ -231,6 +232,8 @@ class ProxyServer:
             if len(plan.prompt_ids) >= window:
                 raise proto.context_error(len(plan.prompt_ids), window)
         except ProtocolError as e:
+            if e.kind == "context_length":  # the runner reports it when no call came after (docs/harnesses.md)
+                rollout.context_refused = (rollout.seq, e.message)
             return self._error(proto, e)
         self.metrics.inc("clawgym_proxy_render_total", mode=plan.mode)
         if plan.fallback:

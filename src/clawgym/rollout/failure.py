@@ -12,11 +12,14 @@ depend on load. So the runner first gathers every piece of evidence into `Eviden
 2. sandbox setup      the proxy registration or the sandbox could not be made     infra_error
 3. engine failed      the rollout's last answered call failed in the engine       infra_error
 4. infrastructure     the proxy became unreachable, records were lost, a bug      infra_error
-5. harness crashed    the harness exited on its own with an error                 harness_error (scored)
-6. timeout            the wall-clock limit killed the harness                     timeout (scored)
+5. context overflow   the last request did not fit the model's context window     harness_error (scored)
+6. endpoint           the harness's own word that its model endpoint failed       infra_error
+7. harness crashed    the harness exited on its own with an error                 harness_error (scored)
+8. timeout            the wall-clock limit killed the harness                     timeout (scored)
 
-A harness that says its model endpoint failed is a symptom (class 4, "endpoint"), ranked below
-every cause that would explain it. The chosen cause starts the error text (`CAUSES` names it);
+A harness that says its model endpoint failed reports a symptom, ranked below every cause that
+would explain it: a context overflow is refused with an error the harness may call an endpoint
+failure, but it is the policy's own ending (its conversation grew too long), so it is scored. The chosen cause starts the error text (`CAUSES` names it);
 the other symptoms follow after "; also: " so nothing observed is hidden.
 docs/reliability.md lists what each fault produces.
 """
@@ -31,13 +34,14 @@ CAUSES: dict[str, str] = {
     "sandbox_setup": "sandbox setup failed",
     "engine": "model engine failed",
     "infra": "infrastructure failed",
+    "context": "context_length_exceeded",
     "endpoint": "model endpoint failed",
     "harness": "harness crashed",
     "timeout": "timeout",
 }
 
 _STATUS = {"sandbox_gone": "infra_error", "sandbox_setup": "infra_error", "engine": "infra_error",
-           "infra": "infra_error", "endpoint": "infra_error", "harness": "harness_error", "timeout": "timeout"}
+           "infra": "infra_error", "context": "harness_error", "endpoint": "infra_error", "harness": "harness_error", "timeout": "timeout"}
 
 
 @dataclass

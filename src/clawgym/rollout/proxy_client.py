@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -170,9 +171,13 @@ def start_local_proxy(config, out: Path) -> Iterator[ProxyClient]:
 
     records = Path(out) / "records"
     pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, host=config.proxy_host, port=0,
-                     records_dir=records, engine_options=dict(config.engine_options), policy_version=config.policy_version)
+                     records_dir=records, engine_options=dict(config.engine_options), policy_version=config.policy_version,
+                     tool_parser=config.tool_parser)
     with ProxyThread(pc) as thread:
         url = f"http://{reachable_host(config.proxy_host)}:{thread.server.port}"
+        server = thread.server
+        print(f"proxy: serving {config.model} ({config.engine}), tool parser {server.tool_parser}: "
+              f"{server.tool_parser_source}", file=sys.stderr)
         yield ProxyClient(url, thread.server.admin_token, records, Path(config.model))
 
 

@@ -13,7 +13,9 @@ One rollout, read top to bottom (`_run_one`):
    fsync'd), close the rollout and the sandbox.
 
 Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
-`harness_error` (scored as is: a crash is the policy's outcome too); a sandbox, proxy or start
+`harness_error` (scored as is: a crash is the policy's outcome too), and so is one whose last
+request was refused as longer than the model's context window (`context_length_exceeded: ...` in
+its error, docs/harnesses.md); a sandbox, proxy or start
 failure is `infra_error` with a null reward, excluded from training, and so is a timeout or harness
 error whose last model call failed in the engine (the harness gave up on it, or was still retrying
 it). When several things fail at once, the root cause is judged by a fixed order of evidence
@@ -92,6 +94,8 @@ class RolloutConfig:
     """CPUs each rollout task asks Ray for"""
     proxy_host: str = "127.0.0.1"
     """where the in-process proxy (`model`) listens; 0.0.0.0 lets other nodes of a Ray cluster reach it"""
+    tool_parser: str = "auto"
+    """the in-process proxy's tool-call parser (a name in clawgym.proxy.toolparse.PARSERS, or auto)"""
 
 
 @dataclass
@@ -151,6 +155,8 @@ def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
         raise UserError(f"unknown harness '{unknown[0]}'; choose from: {', '.join(HARNESSES)}")
     if config.n < 1 or config.concurrency < 1:
         raise UserError(f"--n and --concurrency must be at least 1 (got {config.n}, {config.concurrency})")
+    if stray := sorted(set(config.harness_options) - set(HARNESSES)):
+        raise UserError(f"options given for unknown harness '{stray[0]}'; choose from: {', '.join(HARNESSES)}")
     harnesses = {}
     for name in config.harnesses:
         try:
@@ -334,11 +340,15 @@ def _run_harness(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Ro
         evidence.add("infra", f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
                               "calls could not be recorded (see the proxy's log)")
     final, ended_ok, transcript = None, False, _transcript(harness, proxy, plan, run.stdout())
+    overflow = status.get("context_exceeded")  # its last request did not fit, and no call came after it
     if run.timed_out:
-        evidence.add("timeout", f"killed after {timeout:.0f} s")
+        evidence.add("timeout", f"killed after {timeout:.0f} s" + (f"; context_length_exceeded: {overflow}" if overflow else ""))
     else:
         outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
         final, ended_ok = outcome.final_message, outcome.status == "ok"
+        if overflow:  # the policy's own ending, scored, whatever the harness called the refusal
+            evidence.add("context", overflow)
+            ended_ok = False
         if outcome.status == "harness_error":
             evidence.add("harness", outcome.message)
         elif outcome.status == "infra_error":  # the harness's word that its endpoint failed: a symptom

@@ -10,10 +10,13 @@ SDK (`OPENAI_BASE_URL`, `OPENAI_API_KEY`), and works in its current directory, t
 3. when a call's prompt + output nears `--context-window` tokens, a compaction call (no tools)
    summarizes the work so far, and the conversation restarts from the instruction + that summary —
    so trees see compaction segments;
-4. `--max-turns` bounds the loop.
+4. `--max-turns` bounds the loop; `--max-tokens` and `--temperature` go into every call,
+   `--tool-timeout` bounds each bash/python tool run, `--request-timeout` each model call.
 
 Exit codes: 0 finished (final answer or turn limit), 4 the model endpoint failed after the SDK's
-retries (the runner marks the rollout infra_error), 2 bad arguments.
+retries (the runner marks the rollout infra_error), 5 the prompt no longer fits the model's context
+window (the endpoint's `context_length_exceeded`: the policy's own ending, a scored harness_error),
+2 bad arguments.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clawgym.errors import UserError
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, exit_text
 
 if TYPE_CHECKING:
@@ -41,6 +45,7 @@ COMPACTION_PROMPT = (
 )
 TOOL_OUTPUT_LIMIT = 4000
 EXIT_ENDPOINT_FAILED = 4
+EXIT_CONTEXT_FULL = 5
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "description": "Run a shell command in the workspace.",
@@ -69,9 +74,19 @@ class AgentLoop:
     protocol = "openai-chat"
 
     def __init__(self, max_turns: int = 8, max_tokens: int = 256, context_window: int = 4096,
-                 temperature: float = 1.0, answer_file: str | None = None):
+                 temperature: float = 1.0, answer_file: str | None = None, tool_timeout: float = 60.0,
+                 request_timeout: float = 600.0):
+        # Options come from recipes and --harness-option unchecked: a bad one fails here, once, not in every rollout.
+        for key, value in (("max_turns", max_turns), ("max_tokens", max_tokens), ("context_window", context_window)):
+            _check(key, value, int, 1)
+        _check("temperature", temperature, (int, float), 0)
+        _check("tool_timeout", tool_timeout, (int, float), 0, strict=True)
+        _check("request_timeout", request_timeout, (int, float), 0, strict=True)
+        if answer_file is not None and not isinstance(answer_file, str):
+            raise UserError(f"agentloop option 'answer_file' must be a path string, got {answer_file!r}")
         self.max_turns, self.max_tokens, self.context_window = max_turns, max_tokens, context_window
-        self.temperature, self.answer_file = temperature, answer_file
+        self.temperature, self.answer_file = float(temperature), answer_file
+        self.tool_timeout, self.request_timeout = float(tool_timeout), float(request_timeout)
 
     def missing(self) -> str | None:
         return None  # built in: needs only this Python
@@ -81,7 +96,8 @@ class AgentLoop:
 
         argv = [sys.executable, "-c", ENTRY, "--max-turns", str(self.max_turns),
                 "--max-tokens", str(self.max_tokens), "--context-window", str(self.context_window),
-                "--temperature", str(self.temperature), "--model", endpoint.model]
+                "--temperature", str(self.temperature), "--tool-timeout", str(self.tool_timeout),
+                "--request-timeout", str(self.request_timeout), "--model", endpoint.model]
         if self.answer_file:
             argv += ["--answer-file", self.answer_file]
         env = {"OPENAI_BASE_URL": endpoint.base_url.rstrip("/") + "/v1", "OPENAI_API_KEY": endpoint.api_key,
@@ -99,6 +115,7 @@ class AgentLoop:
             return Outcome("ok", final_message=final)
         if exit_code == EXIT_ENDPOINT_FAILED:
             return Outcome("infra_error", _last_line(stderr) or "model endpoint failed")
+        # EXIT_CONTEXT_FULL, like any other exit, is the policy's ending (docs/harnesses.md, "Context window")
         return Outcome("harness_error", exit_text(exit_code, _last_line(stderr)))
 
     def transcript(self, stdout: str, calls: list[dict]) -> "Transcript":
@@ -110,6 +127,14 @@ class AgentLoop:
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         # Only the compaction call goes out without tools.
         return "main" if tool_names else "compaction"
+
+
+def _check(key: str, value, kind, low: float, strict: bool = False) -> None:
+    """An option's type and lower bound, or a UserError naming it (bools are not numbers here)."""
+    ok = isinstance(value, kind) and not isinstance(value, bool) and (value > low if strict else value >= low)
+    if not ok:
+        what = "an integer" if kind is int else "a number"
+        raise UserError(f"agentloop option '{key}' must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
 
 
 def _last_line(text: str) -> str:
@@ -183,21 +208,34 @@ def agent_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-window", type=int, default=4096)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--answer-file", default=None, help="save the final answer to this file in the workspace")
+    ap.add_argument("--tool-timeout", type=float, default=60.0, help="seconds each bash or python tool call may run")
+    ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds each model call may take (per try)")
     args = ap.parse_args(argv)
 
-    client = openai.OpenAI(max_retries=3, timeout=600.0)  # base URL and key from the environment
+    client = openai.OpenAI(max_retries=3, timeout=args.request_timeout)  # base URL and key from the environment
+
+    def ask(messages: list[dict], **kw):
+        """One model call: the response, or the exit code when the endpoint cannot answer it."""
+        try:
+            return client.chat.completions.create(model=args.model, messages=messages, max_completion_tokens=args.max_tokens,
+                                                  temperature=args.temperature, **kw)
+        except openai.BadRequestError as e:
+            if e.code == "context_length_exceeded":  # nothing more fits: the run ends here, as the policy left it
+                print(f"context window exceeded: {e.message}", file=sys.stderr)
+                return EXIT_CONTEXT_FULL
+            print(f"model endpoint failed: {e}", file=sys.stderr)
+            return EXIT_ENDPOINT_FAILED
+        except openai.APIError as e:
+            print(f"model endpoint failed: {e}", file=sys.stderr)
+            return EXIT_ENDPOINT_FAILED
+
     start = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": args.instruction}]
     messages = list(start)
     final = ""
     for turn in range(args.max_turns):
-        try:
-            resp = client.chat.completions.create(
-                model=args.model, messages=messages, tools=TOOLS, max_completion_tokens=args.max_tokens,
-                temperature=args.temperature,
-            )
-        except openai.APIError as e:
-            print(f"model endpoint failed: {e}", file=sys.stderr)
-            return EXIT_ENDPOINT_FAILED
+        resp = ask(messages, tools=TOOLS)
+        if isinstance(resp, int):
+            return resp
         msg = resp.choices[0].message
         calls = msg.tool_calls or []
         assistant = {"role": "assistant", "content": msg.content or ""}
@@ -215,21 +253,17 @@ def agent_main(argv: list[str] | None = None) -> int:
                 tool_args = json.loads(c.function.arguments or "{}")
                 if not isinstance(tool_args, dict):
                     raise ValueError("arguments must be a JSON object")
-                result = run_tool(c.function.name, tool_args)
+                result = run_tool(c.function.name, tool_args, timeout=args.tool_timeout)
             except ValueError as e:
                 result = f"error: bad arguments for {c.function.name}: {e}"
             messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
             _log("tool", name=c.function.name, result=result[:200])
         used = resp.usage.total_tokens if resp.usage else 0
         if used > 0.8 * args.context_window:
-            try:
-                summary = client.chat.completions.create(
-                    model=args.model, messages=messages + [{"role": "user", "content": COMPACTION_PROMPT}],
-                    max_completion_tokens=args.max_tokens, temperature=args.temperature,
-                ).choices[0].message.content or ""
-            except openai.APIError as e:
-                print(f"model endpoint failed: {e}", file=sys.stderr)
-                return EXIT_ENDPOINT_FAILED
+            compacted = ask(messages + [{"role": "user", "content": COMPACTION_PROMPT}])
+            if isinstance(compacted, int):
+                return compacted
+            summary = compacted.choices[0].message.content or ""
             messages = start + [{"role": "user", "content": f"Summary of your earlier work:\n{summary}\nContinue the task."}]
             _log("compaction", tokens=used)
     if args.answer_file:
