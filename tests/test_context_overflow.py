@@ -119,7 +119,7 @@ def test_rollout_harness_options_set_tokens_temperature_and_tool_timeout(tmp_pat
                               capture_output=True, text=True, timeout=300, env=env)
 
     for extra, message in ((["--harness-option", "agentloop.max_tokens=0"], "agentloop option 'max_tokens' must be an integer >= 1"),
-                           (["--harness-option", "agentlop.max_tokens=9"], "options given for unknown harness 'agentlop'"),
+                           (["--harness-option", "agentlop.max_tokens=9"], "unknown harness 'agentlop'"),
                            (["--harness-option", "agentloop.bogus=1"], "bad options for harness 'agentloop'"),
                            (["--harness-option", "max_tokens=9"], "--harness-option expects HARNESS.KEY=VALUE")):
         out = rollout(*extra)
