@@ -96,3 +96,15 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "clawgym.cli", "tasks", "make", "lookup", str(tmp_path / "x"), "--n", "2",
                         "--split", "dev"], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip() == "error: --split must be one of train, heldout, got 'dev'"
+
+
+def test_agentloop_offers_a_subset_of_its_tools_and_refuses_unknown_names(tmp_path: Path) -> None:
+    from clawgym.rollout.harnesses.agentloop import AgentLoop
+    from clawgym.rollout.harnesses.base import Endpoint
+
+    launch = AgentLoop(tools=["bash", "write"]).launch("x", tmp_path, tmp_path, Endpoint("http://h/r/1", "k", "m"))
+    assert launch.argv[launch.argv.index("--tools") + 1] == "bash,write"
+    assert "--tools" not in AgentLoop().launch("x", tmp_path, tmp_path, Endpoint("http://h/r/1", "k", "m")).argv
+    for bad in (["bash", "curl"], []):
+        with pytest.raises(TypeError, match="tools must name some of bash, read, write, edit, python"):
+            AgentLoop(tools=bad)

@@ -4,7 +4,8 @@ It runs as its own process in the sandbox, like any other harness (`python -m
 clawgym.rollout.harnesses.agentloop INSTRUCTION`), talks to the proxy through the official `openai`
 SDK (`OPENAI_BASE_URL`, `OPENAI_API_KEY`), and works in its current directory, the workspace:
 
-1. messages = [system, user(instruction)]; tools = bash, read, write, edit, python;
+1. messages = [system, user(instruction)]; tools = bash, read, write, edit, python (or the subset
+   given by `--tools`: a shorter prompt for small models);
 2. each turn: one model call; every tool call in the answer is executed and its result appended;
    an answer without tool calls is the final answer (optionally saved to `--answer-file`);
 3. when a call's prompt + output nears `--context-window` tokens, a compaction call (no tools)
@@ -65,9 +66,13 @@ class AgentLoop:
     protocol = "openai-chat"
 
     def __init__(self, max_turns: int = 8, max_tokens: int = 256, context_window: int = 4096,
-                 temperature: float = 1.0, answer_file: str | None = None):
+                 temperature: float = 1.0, answer_file: str | None = None, tools: list[str] | None = None):
         self.max_turns, self.max_tokens, self.context_window = max_turns, max_tokens, context_window
         self.temperature, self.answer_file = temperature, answer_file
+        unknown = sorted(set(tools or ()) - {t["function"]["name"] for t in TOOLS})
+        if unknown or tools == []:
+            raise TypeError(f"tools must name some of {', '.join(t['function']['name'] for t in TOOLS)}; got {tools}")
+        self.tools = tools
 
     def missing(self) -> str | None:
         return None  # built in: needs only this Python
@@ -80,6 +85,8 @@ class AgentLoop:
                 "--temperature", str(self.temperature), "--model", endpoint.model]
         if self.answer_file:
             argv += ["--answer-file", self.answer_file]
+        if self.tools:
+            argv += ["--tools", ",".join(self.tools)]
         env = {"OPENAI_BASE_URL": endpoint.base_url.rstrip("/") + "/v1", "OPENAI_API_KEY": endpoint.api_key,
                # the same clawgym as the runner's, whatever the sandbox's Python would find first
                "PYTHONPATH": str(PACKAGE_ROOT)}
@@ -173,7 +180,9 @@ def agent_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-window", type=int, default=4096)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--answer-file", default=None, help="save the final answer to this file in the workspace")
+    ap.add_argument("--tools", default=None, help="offer only these tools (comma-separated): a shorter prompt")
     args = ap.parse_args(argv)
+    tools = [t for t in TOOLS if args.tools is None or t["function"]["name"] in args.tools.split(",")]
 
     client = openai.OpenAI(max_retries=3, timeout=600.0)  # base URL and key from the environment
     start = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": args.instruction}]
@@ -182,7 +191,7 @@ def agent_main(argv: list[str] | None = None) -> int:
     for turn in range(args.max_turns):
         try:
             resp = client.chat.completions.create(
-                model=args.model, messages=messages, tools=TOOLS, max_completion_tokens=args.max_tokens,
+                model=args.model, messages=messages, tools=tools, max_completion_tokens=args.max_tokens,
                 temperature=args.temperature,
             )
         except openai.APIError as e:
