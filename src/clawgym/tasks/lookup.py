@@ -107,7 +107,7 @@ class LookupFamily:
 def parse_instruction(instruction: str) -> tuple[str, str]:
     """(category, key) of a lookup instruction; ValueError for any other text."""
     for category, template in INSTRUCTIONS.items():
-        m = re.fullmatch(re.escape(template).replace(re.escape("{key}"), r"(\w+)"), instruction.strip())
+        m = re.search(re.escape(template).replace(re.escape("{key}"), r"(\w+)"), instruction)
         if m:
             return category, m.group(1)
     raise ValueError(f"not a lookup instruction: {instruction[:80]!r}")
