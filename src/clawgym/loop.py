@@ -152,7 +152,7 @@ def _proxy(recipe: Recipe, run_dir: Path, policy: Path, version: int):
 
 
 def rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *, tasks: Path | None = None,
-                    n: int | None = None, harnesses: list[str] | None = None):
+                   n: int | None = None, harnesses: list[str] | None = None):
     from clawgym.rollout.runner import RolloutConfig
     from clawgym.rollout.verifier import VerifierConfig
 
@@ -218,7 +218,7 @@ def _evaluate(recipe: Recipe, run_dir: Path, step: int, proxy, console: Console)
 
     tasks = recipe.eval.tasks or recipe.rollout.tasks
     cfg = rollout_config(recipe, run_dir / "eval" / f"step-{step:04d}", 0, step, tasks=tasks, n=recipe.eval.n,
-                          harnesses=recipe.eval.harnesses or None)
+                         harnesses=recipe.eval.harnesses or None)
     cfg = dataclasses.replace(cfg, id_prefix=f"e{step:04d}.")
     report = evaluate(cfg, console, proxy=proxy)
     report.print(console)
@@ -232,6 +232,6 @@ def _print_step(console: Console, line: A.MetricsLine) -> None:
                        ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
                        ("eval/pass@1", "eval"), ("time/step_s", "s")):
         if key in v:
-            parts.append(f"{label} {v[key]:.0f} s" if label == "s" else f"{label} {v[key]:,.0f}" if "saved" in label
+            parts.append(f"{v[key]:.0f} s" if label == "s" else f"{label} {v[key]:,.0f}" if "saved" in label
                          else f"{label} {v[key]:.3f}")
     console.print("  ".join(parts), highlight=False)
