@@ -45,6 +45,8 @@ def test_the_teacher_reads_the_rendered_prompt_and_answers_in_the_served_tokeniz
     foreign = render(tok, [{"role": "user", "content": "What is 2+2?"}])
     with pytest.raises(EngineError, match="teacher 'lookup' cannot answer rollout 'r2'"):
         asyncio.run(engine.generate(foreign, Sampling(max_tokens=64), "r2"))
+    with pytest.raises(EngineError, match="no weights to reload"):
+        asyncio.run(engine.reload(tiny_model))
     with pytest.raises(UserError, match="needs the option 'family'"):
         make_engine("teacher", EngineConfig(tiny_model, {}))
 
@@ -95,3 +97,62 @@ def test_sft_section_is_checked(tmp_path: Path) -> None:
         with pytest.raises(UserError, match=message):
             load_recipe(recipe(tmp_path, text))
     assert load_recipe(recipe(tmp_path, "n = 0")).sft.n == 0  # no cold start: nothing else is needed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_run_with_sft_cold_starts_then_trains_from_the_sft_policy_and_writes_the_table(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    make_tasks("lookup", tmp_path / "train", n=3, seed=0, split="train")
+    make_tasks("lookup", tmp_path / "heldout", n=3, seed=0, split="heldout")
+    (tmp_path / "r.toml").write_text("""
+[run]
+name = "cold"
+steps = 1
+[model]
+init = "tiny"
+[rollout]
+tasks = "train"
+n = 2
+timeout = 120
+[rollout.agentloop]
+max_turns = 3
+max_tokens = 40
+tools = ["bash", "write"]
+[sft]
+n = 1
+family = "lookup"
+epochs = 1
+minibatches = 1
+[train]
+lr = 0.001
+[eval]
+every = 1
+tasks = "heldout"
+n = 1
+""")
+    r = subprocess.run([sys.executable, "-m", "clawgym.cli", "run", str(tmp_path / "r.toml")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=1700)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "runs" / "cold"
+    lines = A.read_metrics(run / "metrics.jsonl")
+    assert [m.step for m in lines] == [0, 1]
+    zero, one = lines[0].values, lines[1].values
+    assert zero["rollout/teacher_reward_mean"] == 1.0 and zero["rollout/teacher_n"] == 3
+    assert "eval/base/pass@1" in zero and "eval/pass@1" in zero and "train/sft_loss_last" in zero
+    # (a policy that answers without a tool call makes one call per rollout: nothing shared, nothing saved)
+    assert one["trees/tokens_saved"] == one["trees/call_tokens"] - one["trees/tree_tokens"] >= 0
+    assert "eval/pass@1" in one and "tree saved" in r.stderr  # the per-step line
+    if one.get("train/rollouts"):  # a batch of flat groups trains nothing and has no packing to report
+        assert one["train/tokens_saved"] >= 0 and "packing saved" in r.stderr
+    # step 1 rolled out with the SFT policy (version 0 of this proxy) and trained from it
+    start = json.loads((run / "checkpoints" / "step-0001" / "train_config.json").read_text())["model"]
+    assert Path(start).resolve() == (run / "checkpoints" / "sft").resolve()
+    table = (run / "table.md").read_text()
+    assert "| base |" in table and "| SFT |" in table and "| SFT+RL (step-0001) |" in table
+    assert "count" in table and "file" in table and "value" in table
+    # the held-out tasks were only evaluated: no rollout of them in the SFT or RL batches
+    trained = {r.task_id for d in ("sft", "step-0001") for r in A.read_table(run / d / "rollouts.parquet", A.RolloutRecord)}
+    assert trained and not {t for t in trained if "heldout" in t}
