@@ -250,3 +250,21 @@ def test_kl_to_a_reference_and_the_other_modes_still_move_the_right_way(step, ti
     assert answer_logprob(out, GOOD) > answer_logprob(tiny_model, GOOD)
     with pytest.raises(Exception, match="--ref-model"):
         train(cfg(step, tiny_model, tmp_path / "x", kl_coef=0.1))
+
+
+def test_a_branching_tree_reports_the_tokens_packing_saved(tmp_path, tiny_model):
+    """Two kept main branches share the prompt: packed once, it saves len(PROMPT) tokens over per-path forwarding."""
+    d = tmp_path / "step-0001"
+    nodes, rows = [], []
+    for i, r in enumerate((1.0, 0.0)):
+        tree = rollout_tree(f"b{i}", GOOD)
+        tree.append(TreeNode(f"b{i}", 4, 0, BAD, "model", [-9.0] * len(BAD), "c2", 0, "main", True, len(PROMPT)))
+        nodes += tree
+        rows.append(rollout(f"b{i}", "t1+agentloop", r))
+    write_table(d / "trees.parquet", nodes, TreeNode)
+    write_table(d / "rollouts.parquet", rows, RolloutRecord)
+    train(cfg(d, tiny_model, tmp_path / "ckpt", lr=1e-3))
+    (line,) = read_metrics(d / "train.jsonl")
+    path_tokens = 2 * (len(PROMPT) + 2 * len(GOOD) + len(TOOL) + len(PROMPT) + len(BAD))
+    assert line.values["train/tokens_saved"] == 2 * len(PROMPT)
+    assert line.values["train/tree_token_ratio"] == pytest.approx((path_tokens - 2 * len(PROMPT)) / path_tokens)

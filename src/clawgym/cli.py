@@ -416,7 +416,7 @@ def inspect(
 
 # --- tasks -------------------------------------------------------------------------------------
 
-tasks_app = typer.Typer(help="Import and validate task folders (instruction + workspace + verifier).", no_args_is_help=True)
+tasks_app = typer.Typer(help="Import, generate and validate task folders (instruction + workspace + verifier).", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 
 
@@ -446,6 +446,25 @@ def tasks_import(
     typer.echo(f"imported {len(report.imported)} task(s) into {dst}; skipped {len(report.skipped)}")
     if not report.imported:
         raise typer.Exit(1)
+
+
+@tasks_app.command("make")
+def tasks_make(
+    family: str = typer.Argument(..., help="The task family: lookup."),
+    dst: Path = typer.Argument(..., help="Folder to write the task folders into (one per task)."),
+    n: int = typer.Option(..., "--n", help="How many tasks."),
+    seed: int = typer.Option(0, "--seed", help="The generator's seed: the same family, seed and split give the same tasks."),
+    split: str = typer.Option("train", "--split", help="train | heldout: disjoint by construction (docs/tasks.md)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite task folders that already exist in DST."),
+) -> None:
+    """Generate native tasks of a family that needs tools, for training and held-out evaluation.
+
+    Example: clawgym tasks make lookup tasks/lookup-train --n 48 --seed 0 --split train
+    """
+    from clawgym.tasks.families import make_tasks
+
+    made = make_tasks(family, dst, n=n, seed=seed, split=split, force=force)
+    typer.echo(f"made {len(made)} {family} task(s) ({split}, seed {seed}) in {dst}")
 
 
 @tasks_app.command("validate")

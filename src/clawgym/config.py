@@ -8,6 +8,8 @@
     [trees]    max_leaves
     [train]    any `clawgym train` option (algo, lr, epochs, minibatches, tis, kl_coef, ...)
     [eval]     every (steps; 0 = never), tasks, n, harnesses
+    [sft]      n, tasks, harnesses, engine, family, epochs, minibatches, lr, min_reward: an SFT cold start on
+               teacher trajectories before step 1 (coldstart.py)
     [offline]  from_run: train on a finished run's saved trees instead of collecting rollouts
     [ray]      address, num_cpus: fan each step's rollouts out as Ray tasks
 
@@ -93,6 +95,26 @@ class RaySection:
 
 
 @dataclass
+class SftSection:
+    n: int = 0
+    """teacher trajectories per task–harness pair; 0 = no cold start"""
+    tasks: Path | None = None
+    """default: the rollout tasks"""
+    harnesses: list[str] = field(default_factory=list)
+    """default: the rollout harnesses"""
+    engine: str = "teacher"
+    """the engine that plays the teacher, serving the student's tokenizer"""
+    family: str | None = None
+    """the teacher engine's task family (docs/tasks.md)"""
+    epochs: int = 4
+    minibatches: int = 4
+    """optimizer steps per epoch"""
+    lr: float = 1e-3
+    min_reward: float = 1.0
+    """train only on teacher trajectories scoring at least this"""
+
+
+@dataclass
 class OfflineSection:
     from_run: Path | None = None
 
@@ -108,6 +130,7 @@ class Recipe:
     train: dict[str, Any]
     """TrainConfig fields (validated against it)"""
     eval: EvalSection
+    sft: SftSection
     offline: OfflineSection
     ray: RaySection
 
@@ -117,7 +140,7 @@ class Recipe:
 
 
 _SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, "rollout": RolloutSection,
-             "trees": TreesSection, "eval": EvalSection, "offline": OfflineSection, "ray": RaySection}
+             "trees": TreesSection, "eval": EvalSection, "sft": SftSection, "offline": OfflineSection, "ray": RaySection}
 # TrainConfig fields a recipe may not set: the loop fills them per step.
 _TRAIN_FILLED = {"trees", "rollouts", "model", "out", "metrics", "resume", "force"}
 
@@ -213,7 +236,7 @@ def _engine_section(table: dict, where: str) -> EngineSection:
 
 def _resolve_paths(r: Recipe) -> None:
     base = r.path.parent
-    for obj, attr in ((r.run, "dir"), (r.model, "path"), (r.rollout, "tasks"), (r.eval, "tasks"), (r.offline, "from_run")):
+    for obj, attr in ((r.run, "dir"), (r.model, "path"), (r.rollout, "tasks"), (r.eval, "tasks"), (r.sft, "tasks"), (r.offline, "from_run")):
         value = getattr(obj, attr)
         if value is not None and not Path(value).is_absolute():
             setattr(obj, attr, (base / value).resolve())
@@ -234,11 +257,35 @@ def _validate(r: Recipe, harnesses: dict) -> None:
             raise UserError(f"{where} [rollout] key 'tasks': {r.rollout.tasks} is not a directory")
     elif not r.offline.from_run.is_dir():
         raise UserError(f"{where} [offline] key 'from_run': {r.offline.from_run} is not a run directory")
-    for h in r.rollout.harnesses + r.eval.harnesses:
+    _validate_sft(r, where)
+    for h in r.rollout.harnesses + r.eval.harnesses + r.sft.harnesses:
         if h not in harnesses:
             raise UserError(f"{where} [rollout] key 'harnesses': unknown harness '{h}'; choose from: {', '.join(harnesses)}")
     if not r.rollout.harnesses:
         raise UserError(f"{where} [rollout] key 'harnesses' must name at least one harness")
+
+
+def _validate_sft(r: Recipe, where: str) -> None:
+    from clawgym.engines.base import ENGINES
+
+    s = r.sft
+    if s.n < 0:
+        raise UserError(f"{where} [sft] key 'n' must be at least 0, got {s.n}")
+    if not s.n:
+        return
+    if s.engine not in ENGINES:
+        raise UserError(f"{where} [sft] key 'engine': unknown engine '{s.engine}'; choose one of: {', '.join(sorted(ENGINES))}")
+    if s.engine == "teacher":
+        from clawgym.tasks.families import FAMILIES
+
+        if s.family not in FAMILIES:
+            raise UserError(f"{where} [sft] key 'family': the teacher engine needs a task family, one of: {', '.join(sorted(FAMILIES))}")
+    for key in ("epochs", "minibatches"):
+        if getattr(s, key) < 1:
+            raise UserError(f"{where} [sft] key '{key}' must be at least 1, got {getattr(s, key)}")
+    tasks = s.tasks or r.rollout.tasks
+    if tasks is None or not tasks.is_dir():
+        raise UserError(f"{where} [sft] key 'tasks': {tasks} is not a directory")
 
 
 def recipe_to_toml(r: Recipe) -> str:
@@ -260,6 +307,8 @@ def recipe_to_toml(r: Recipe) -> str:
         "trees": plain(dataclasses.asdict(r.trees)),
         "train": plain(r.train),
         "eval": plain(dataclasses.asdict(r.eval)),
+        # only a recipe with a cold start has the section, so runs started before it existed still resume
+        **({"sft": plain(dataclasses.asdict(r.sft))} if r.sft.n else {}),
         "offline": plain(dataclasses.asdict(r.offline)),
         "ray": plain(dataclasses.asdict(r.ray)),
     }

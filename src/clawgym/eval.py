@@ -64,6 +64,16 @@ class EvalReport:
             console.print(f"[yellow]{self.excluded} rollout(s) excluded as infra errors[/]")
 
 
+def pass_table(rows: dict[str, dict]) -> str:
+    """Table 1 style markdown: one row per labelled eval.json (e.g. base, SFT, SFT+RL), columns its categories."""
+    cats = sorted({c for doc in rows.values() for c in doc["per_category"]})
+    lines = ["| policy | " + " | ".join(cats) + " | overall |", "|---|" + "---|" * (len(cats) + 1)]
+    for label, doc in rows.items():
+        cells = [f"{100 * doc['per_category'][c]:.1f}" if c in doc["per_category"] else "-" for c in cats]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {100 * doc['pass@1']:.1f} |")
+    return "\n".join(lines) + "\n\nHeld-out Pass@1 in %, the mean score over each task's samples.\n"
+
+
 def report_from_rollouts(rollouts: list[A.RolloutRecord]) -> EvalReport:
     scores: dict[str, list[float]] = {}
     category_of: dict[str, str] = {}

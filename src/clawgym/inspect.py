@@ -307,6 +307,7 @@ def _prod(shape) -> int:
 RUN_COLUMNS = [
     ("rollout/reward_mean", "reward"), ("rollout/infra_error", "infra err"), ("trees/tree_token_ratio", "tree/calls"),
     ("train/loss", "loss"), ("train/entropy", "entropy"), ("train/mismatch_abs", "|Δlogp|"),
+    ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
     ("train/clip_frac", "clip"), ("eval/pass@1", "eval Pass@1"), ("time/step_s", "step s"),
 ]
 

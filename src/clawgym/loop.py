@@ -76,6 +76,13 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
     metrics_path = run_dir / "metrics.jsonl"
     reported = {m.step for m in A.read_metrics(metrics_path)} if metrics_path.exists() else set()
     policy = _initial_policy(recipe, run_dir)
+    if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
+        from clawgym.coldstart import cold_start, sft_values
+
+        policy = cold_start(recipe, run_dir, policy, console, rollout_config)
+        if 0 not in reported:
+            A.append_metrics(metrics_path, A.MetricsLine(0, sft_values(run_dir), time=time.time()))
+            reported.add(0)
     first = 1
     while first <= recipe.run.steps and _complete_checkpoint(checkpoint_dir(run_dir, first)):
         policy, first = checkpoint_dir(run_dir, first), first + 1
@@ -92,7 +99,7 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
                 elif not (sdir / "rollouts.parquet").exists():
                     from clawgym.rollout.runner import run_rollouts
 
-                    run_rollouts(_rollout_config(recipe, sdir, step, policy_version=step - 1), console, proxy=proxy)
+                    run_rollouts(rollout_config(recipe, sdir, step, policy_version=step - 1), console, proxy=proxy)
                 times["time/collect_s"] = time.monotonic() - t0
                 # 2. reconstruct
                 t = time.monotonic()
@@ -125,6 +132,10 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
                 from clawgym.plots import write_plots
 
                 write_plots(run_dir)
+    if recipe.sft.n and recipe.eval.every:
+        from clawgym.coldstart import write_table
+
+        write_table(run_dir, console)
     return A.read_metrics(metrics_path)
 
 
@@ -136,12 +147,12 @@ def _proxy(recipe: Recipe, run_dir: Path, policy: Path, version: int):
         return contextlib.nullcontext(None)
     from clawgym.rollout.proxy_client import start_local_proxy
 
-    cfg = dataclasses.replace(_rollout_config(recipe, run_dir, 0, version), model=policy)
+    cfg = dataclasses.replace(rollout_config(recipe, run_dir, 0, version), model=policy)
     return start_local_proxy(cfg, run_dir)  # records under RUN/records, copied into each step's folder
 
 
-def _rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *, tasks: Path | None = None,
-                    n: int | None = None, harnesses: list[str] | None = None):
+def rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *, tasks: Path | None = None,
+                   n: int | None = None, harnesses: list[str] | None = None):
     from clawgym.rollout.runner import RolloutConfig
     from clawgym.rollout.verifier import VerifierConfig
 
@@ -208,8 +219,8 @@ def _evaluate(recipe: Recipe, run_dir: Path, step: int, proxy, console: Console)
     from clawgym.eval import evaluate
 
     tasks = recipe.eval.tasks or recipe.rollout.tasks
-    cfg = _rollout_config(recipe, run_dir / "eval" / f"step-{step:04d}", 0, step, tasks=tasks, n=recipe.eval.n,
-                          harnesses=recipe.eval.harnesses or None)
+    cfg = rollout_config(recipe, run_dir / "eval" / f"step-{step:04d}", 0, step, tasks=tasks, n=recipe.eval.n,
+                         harnesses=recipe.eval.harnesses or None)
     cfg = dataclasses.replace(cfg, id_prefix=f"e{step:04d}.")
     report = evaluate(cfg, console, proxy=proxy)
     report.print(console)
@@ -219,7 +230,10 @@ def _evaluate(recipe: Recipe, run_dir: Path, step: int, proxy, console: Console)
 def _print_step(console: Console, line: A.MetricsLine) -> None:
     v = line.values
     parts = [f"step {line.step}", f"reward {v.get('rollout/reward_mean', 0):.3f}"]
-    for key, label in (("train/loss", "loss"), ("train/entropy", "entropy"), ("eval/pass@1", "eval"), ("time/step_s", "s")):
+    for key, label in (("train/loss", "loss"), ("train/entropy", "entropy"), ("trees/tree_token_ratio", "tree/calls"),
+                       ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
+                       ("eval/pass@1", "eval"), ("time/step_s", "s")):
         if key in v:
-            parts.append(f"{label} {v[key]:.3f}" if label != "s" else f"{v[key]:.0f} s")
+            parts.append(f"{v[key]:.0f} s" if label == "s" else f"{label} {v[key]:,.0f}" if "saved" in label
+                         else f"{label} {v[key]:.3f}")
     console.print("  ".join(parts), highlight=False)

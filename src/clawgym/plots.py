@@ -13,7 +13,7 @@ from clawgym import artifacts as A
 # figure name -> (title, y label, metric key prefixes or exact keys)
 FIGURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "reward": ("Train reward", "mean reward", ("rollout/reward_mean",)),
-    "eval": ("Evaluation", "Pass@1", ("eval/pass@1",)),
+    "eval": ("Evaluation", "Pass@1", ("eval/pass@1", "eval/base/pass@1")),  # step 0: after SFT (and before it, base)
     "entropy": ("Policy entropy", "nats / token", ("train/entropy",)),
     "mismatch": ("Rollout–trainer mismatch", "value", ("train/mismatch", "train/tis_clip_frac")),
     "loss": ("Loss", "loss", ("train/loss", "train/value_loss")),

@@ -92,6 +92,12 @@ def _scripted(config: EngineConfig) -> Engine:
     return ScriptedEngine.from_config(config)
 
 
+def _teacher(config: EngineConfig) -> Engine:
+    from clawgym.engines.teacher import TeacherEngine
+
+    return TeacherEngine.from_config(config)
+
+
 def _vllm(config: EngineConfig) -> Engine:
     from clawgym.engines.vllm import VLLMEngine
 
@@ -108,6 +114,7 @@ def _remote(config: EngineConfig) -> Engine:
 ENGINES: dict[str, Callable[[EngineConfig], Engine]] = {
     "hf": _hf,
     "scripted": _scripted,
+    "teacher": _teacher,
     "vllm": _vllm,
     "remote": _remote,
 }

@@ -69,6 +69,22 @@ def load_script(path: str | Path) -> dict[str, list[ScriptItem]]:
     return out
 
 
+def text_generation(tokenizer, text: str, sampling: Sampling, policy_version: int) -> Generation:
+    """`text` as a completion: its ids under the served model's tokenizer, then end-of-turn, logprobs 0.0."""
+    eos_id = tokenizer.eos_token_id
+    ids = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    stops = set(sampling.stop_token_ids) | {eos_id}
+    cut = next((i for i, t in enumerate(ids) if t in stops), None)
+    if cut is not None:  # the text itself ends the turn early
+        ids = ids[: cut + 1]
+    else:
+        ids = ids + [eos_id]
+    finish = "stop"
+    if len(ids) > sampling.max_tokens:
+        ids, finish = ids[: sampling.max_tokens], "length"
+    return Generation(ids, [0.0] * len(ids), finish, policy_version)
+
+
 class ScriptedEngine:
     """Per-rollout queues of model texts; see the module docstring."""
 
@@ -76,8 +92,6 @@ class ScriptedEngine:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self._encode = self.tokenizer.backend_tokenizer.encode
-        self.eos_id = self.tokenizer.eos_token_id
         self.policy_version = 0
         self.max_context = max_context or context_window(model_dir)
         self.queues: dict[str, collections.deque[ScriptItem]] = collections.defaultdict(collections.deque)
@@ -111,17 +125,7 @@ class ScriptedEngine:
             await asyncio.sleep(item.delay_s)
         if item.error:
             raise EngineError(item.error)
-        ids = self._encode(item.text, add_special_tokens=False).ids
-        stops = set(sampling.stop_token_ids) | {self.eos_id}
-        cut = next((i for i, t in enumerate(ids) if t in stops), None)
-        if cut is not None:  # the text itself ends the turn early
-            ids = ids[: cut + 1]
-        else:
-            ids = ids + [self.eos_id]
-        finish = "stop"
-        if len(ids) > sampling.max_tokens:
-            ids, finish = ids[: sampling.max_tokens], "length"
-        return Generation(ids, [0.0] * len(ids), finish, self.policy_version)
+        return text_generation(self.tokenizer, item.text, sampling, self.policy_version)
 
     async def reload(self, checkpoint_dir: Path) -> int:
         # Nothing to load: a script is not a policy. The version still moves so that the

@@ -2,7 +2,7 @@
 
 `tree_token_ratio` = tokens stored in the tree ÷ tokens in every call's full prompt and output (the
 tokens a per-call trainer would forward). 0.05 means the tree holds 5% of them: shared prefixes are
-stored once. Every filtering decision is counted in `dropped_leaves`, by reason.
+stored once; `tokens_saved` is the difference. Every filtering decision is counted in `dropped_leaves`, by reason.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class TreeStats:
             "trees/model_tokens": self.total("model_tokens"),
             "trees/trainable_tokens": self.total("trainable_tokens"),
             "trees/tree_token_ratio": self.tree_token_ratio,
+            "trees/tokens_saved": self.total("call_tokens") - self.total("tree_tokens"),
             "trees/tree_token_ratio_mean": sum(ratios) / len(ratios) if ratios else 0.0,
         }
         for reason, n in self.dropped_leaves.items():

@@ -4,7 +4,8 @@ It runs as its own process in the sandbox, like any other harness (`python -m
 clawgym.rollout.harnesses.agentloop INSTRUCTION`), talks to the proxy through the official `openai`
 SDK (`OPENAI_BASE_URL`, `OPENAI_API_KEY`), and works in its current directory, the workspace:
 
-1. messages = [system, user(instruction)]; tools = bash, read, write, edit, python;
+1. messages = [system, user(instruction)]; tools = bash, read, write, edit, python (or the subset
+   given by `--tools`: a shorter prompt for small models);
 2. each turn: one model call; every tool call in the answer is executed and its result appended;
    an answer without tool calls is the final answer (optionally saved to `--answer-file`);
 3. when a call's prompt + output nears `--context-window` tokens, a compaction call (no tools)
@@ -75,7 +76,7 @@ class AgentLoop:
 
     def __init__(self, max_turns: int = 8, max_tokens: int = 256, context_window: int = 4096,
                  temperature: float = 1.0, answer_file: str | None = None, tool_timeout: float = 60.0,
-                 request_timeout: float = 600.0):
+                 request_timeout: float = 600.0, tools: list[str] | None = None):
         # Options come from recipes and --harness-option unchecked: a bad one fails here, once, not in every rollout.
         for key, value in (("max_turns", max_turns), ("max_tokens", max_tokens), ("context_window", context_window)):
             _check(key, value, int, 1)
@@ -87,6 +88,10 @@ class AgentLoop:
         self.max_turns, self.max_tokens, self.context_window = max_turns, max_tokens, context_window
         self.temperature, self.answer_file = float(temperature), answer_file
         self.tool_timeout, self.request_timeout = float(tool_timeout), float(request_timeout)
+        unknown = sorted(set(tools or ()) - {t["function"]["name"] for t in TOOLS})
+        if unknown or tools == []:
+            raise UserError(f"agentloop option 'tools' must name some of {', '.join(t['function']['name'] for t in TOOLS)}; got {tools}")
+        self.tools = tools
 
     def missing(self) -> str | None:
         return None  # built in: needs only this Python
@@ -100,6 +105,8 @@ class AgentLoop:
                 "--request-timeout", str(self.request_timeout), "--model", endpoint.model]
         if self.answer_file:
             argv += ["--answer-file", self.answer_file]
+        if self.tools:
+            argv += ["--tools", ",".join(self.tools)]
         env = {"OPENAI_BASE_URL": endpoint.base_url.rstrip("/") + "/v1", "OPENAI_API_KEY": endpoint.api_key,
                # the same clawgym as the runner's, whatever the sandbox's Python would find first
                "PYTHONPATH": str(PACKAGE_ROOT)}
@@ -210,7 +217,9 @@ def agent_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer-file", default=None, help="save the final answer to this file in the workspace")
     ap.add_argument("--tool-timeout", type=float, default=60.0, help="seconds each bash or python tool call may run")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds each model call may take (per try)")
+    ap.add_argument("--tools", default=None, help="offer only these tools (comma-separated): a shorter prompt")
     args = ap.parse_args(argv)
+    tools = [t for t in TOOLS if args.tools is None or t["function"]["name"] in args.tools.split(",")]
 
     client = openai.OpenAI(max_retries=3, timeout=args.request_timeout)  # base URL and key from the environment
 
@@ -233,7 +242,7 @@ def agent_main(argv: list[str] | None = None) -> int:
     messages = list(start)
     final = ""
     for turn in range(args.max_turns):
-        resp = ask(messages, tools=TOOLS)
+        resp = ask(messages, tools=tools)
         if isinstance(resp, int):
             return resp
         msg = resp.choices[0].message

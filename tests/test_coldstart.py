@@ -1,0 +1,178 @@
+"""The SFT cold start: the teacher engine through the real path (agentloop → proxy → records → trees → train --algo sft), and [sft] recipe checks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from clawgym import artifacts as A
+from clawgym.config import load_recipe
+from clawgym.engines.base import EngineConfig, EngineError, Sampling, make_engine
+from clawgym.engines.teacher import read_prompt
+from clawgym.errors import UserError
+from clawgym.rollout.harnesses.agentloop import SYSTEM_PROMPT, TOOLS
+from clawgym.rollout.runner import RolloutConfig, run_rollouts
+from clawgym.tasks.families import FAMILIES, make_tasks
+from clawgym.train.loop import TrainConfig, train
+from clawgym.trees import resolve_config, run_build_trees
+
+
+def render(tokenizer, messages: list[dict]) -> list[int]:
+    return tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_the_teacher_reads_the_rendered_prompt_and_answers_in_the_served_tokenizer(tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    engine = make_engine("teacher", EngineConfig(tiny_model, {"family": "lookup"}))
+    instruction = "Write the value of key log to answer.txt."
+    msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+    first = FAMILIES["lookup"].teach(instruction, [])
+    msgs += [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "bash", "arguments": json.dumps({"command": "grep -h log= *"})}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "exit code 0\nlog=7\n"}]
+    prompt = render(tok, msgs)
+    assert read_prompt(tok.decode(prompt)) == (instruction, ["exit code 0\nlog=7\n"])
+    gen = asyncio.run(engine.generate(prompt, Sampling(max_tokens=64), "r1"))
+    assert gen.output_ids == tok(FAMILIES["lookup"].teach(instruction, ["exit code 0\nlog=7\n"])).input_ids + [tok.eos_token_id]
+    assert '"content": "7"' in tok.decode(gen.output_ids) and gen.finish_reason == "stop"
+    assert first.startswith("<tool_call>")
+    foreign = render(tok, [{"role": "user", "content": "What is 2+2?"}])
+    with pytest.raises(EngineError, match="teacher 'lookup' cannot answer rollout 'r2'"):
+        asyncio.run(engine.generate(foreign, Sampling(max_tokens=64), "r2"))
+    with pytest.raises(EngineError, match="no weights to reload"):
+        asyncio.run(engine.reload(tiny_model))
+    with pytest.raises(UserError, match="needs the option 'family'"):
+        make_engine("teacher", EngineConfig(tiny_model, {}))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_teacher_trajectories_go_through_proxy_and_harness_and_sft_trains_on_them(tiny_model: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
+    step = tmp_path / "sft"
+    summary = run_rollouts(RolloutConfig(
+        tasks=tmp_path / "tasks", harnesses=["agentloop"], out=step, n=1, concurrency=3, model=tiny_model,
+        engine="teacher", engine_options={"family": "lookup"}, timeout_s=120,
+        harness_options={"agentloop": {"max_turns": 4, "max_tokens": 64}}), Console(stderr=True))
+    assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
+    calls = A.read_table(step / "calls.parquet", A.CallRecord)
+    assert len(calls) == 9  # search, write, done: three recorded calls per rollout
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    for c in calls:  # the recorded output is the served (student's) tokenizer's encoding of the teacher's text
+        text = tok.decode(c.output_ids[:-1])
+        assert c.output_ids == tok(text).input_ids + [tok.eos_token_id]
+    run_build_trees(resolve_config(step, None, None, None, 64, step / "trees.metrics.jsonl", 0), Console(stderr=True))
+    (trees,) = A.read_metrics(step / "trees.metrics.jsonl")
+    v = trees.values
+    assert v["trees/tokens_saved"] == v["trees/call_tokens"] - v["trees/tree_tokens"] > 0  # calls share their prompts
+    res = train(TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model,
+                            out=tmp_path / "ckpt", algo="sft", lr=1e-3, epochs=1))
+    assert res.rollouts == 3 and res.trainable_tokens == sum(len(c.output_ids) for c in calls)
+
+
+def recipe(tmp_path: Path, sft: str) -> Path:
+    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train", force=True)
+    path = tmp_path / "r.toml"
+    path.write_text(f'[model]\ninit = "tiny"\n[rollout]\ntasks = "tasks"\n[sft]\n{sft}\n')
+    return path
+
+
+def test_sft_section_is_checked(tmp_path: Path) -> None:
+    r = load_recipe(recipe(tmp_path, 'n = 2\nfamily = "lookup"\nepochs = 3'))
+    assert (r.sft.n, r.sft.epochs, r.sft.engine, r.sft.tasks) == (2, 3, "teacher", None)
+    for text, message in (('n = 2', "the teacher engine needs a task family"),
+                          ('n = 2\nfamily = "nope"', "needs a task family, one of: lookup"),
+                          ('n = 2\nfamily = "lookup"\nengine = "gpt"', "unknown engine 'gpt'"),
+                          ('n = 2\nfamily = "lookup"\nepochs = 0', "'epochs' must be at least 1"),
+                          ('n = 2\nfamily = "lookup"\ntasks = "missing"', "is not a directory"),
+                          ('n = 1\nsteps = 3', "unknown key 'steps'")):
+        with pytest.raises(UserError, match=message):
+            load_recipe(recipe(tmp_path, text))
+    assert load_recipe(recipe(tmp_path, "n = 0")).sft.n == 0  # no cold start: nothing else is needed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_run_with_sft_cold_starts_then_trains_from_the_sft_policy_and_writes_the_table(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    make_tasks("lookup", tmp_path / "train", n=3, seed=0, split="train")
+    make_tasks("lookup", tmp_path / "heldout", n=3, seed=0, split="heldout")
+    (tmp_path / "r.toml").write_text("""
+[run]
+name = "cold"
+steps = 1
+[model]
+init = "tiny"
+[rollout]
+tasks = "train"
+n = 2
+timeout = 120
+[rollout.agentloop]
+max_turns = 3
+max_tokens = 40
+tools = ["bash", "write"]
+[sft]
+n = 1
+family = "lookup"
+epochs = 1
+minibatches = 1
+[train]
+lr = 0.001
+[eval]
+every = 1
+tasks = "heldout"
+n = 1
+""")
+    r = subprocess.run([sys.executable, "-m", "clawgym.cli", "run", str(tmp_path / "r.toml")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=1700)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "runs" / "cold"
+    lines = A.read_metrics(run / "metrics.jsonl")
+    assert [m.step for m in lines] == [0, 1]
+    zero, one = lines[0].values, lines[1].values
+    assert zero["rollout/teacher_reward_mean"] == 1.0 and zero["rollout/teacher_n"] == 3
+    assert "eval/base/pass@1" in zero and "eval/pass@1" in zero and "train/sft_loss_last" in zero
+    # (a policy that answers without a tool call makes one call per rollout: nothing shared, nothing saved)
+    assert one["trees/tokens_saved"] == one["trees/call_tokens"] - one["trees/tree_tokens"] >= 0
+    assert "eval/pass@1" in one and "tree saved" in r.stderr  # the per-step line
+    if one.get("train/rollouts"):  # a batch of flat groups trains nothing and has no packing to report
+        assert one["train/tokens_saved"] >= 0 and "packing saved" in r.stderr
+    # step 1 rolled out with the SFT policy (version 0 of this proxy) and trained from it
+    start = json.loads((run / "checkpoints" / "step-0001" / "train_config.json").read_text())["model"]
+    assert Path(start).resolve() == (run / "checkpoints" / "sft").resolve()
+    table = (run / "table.md").read_text()
+    assert "| base |" in table and "| SFT |" in table and "| SFT+RL (step-0001) |" in table
+    assert "count" in table and "file" in table and "value" in table
+    # the held-out tasks were only evaluated: no rollout of them in the SFT or RL batches
+    trained = {r.task_id for d in ("sft", "step-0001") for r in A.read_table(run / d / "rollouts.parquet", A.RolloutRecord)}
+    assert trained and not {t for t in trained if "heldout" in t}
+
+
+def test_the_tools_quickstart_recipe_loads_and_its_sft_section_round_trips() -> None:
+    root = Path(__file__).resolve().parents[1]
+    r = load_recipe(root / "recipes" / "tools-quickstart.toml")
+    assert (r.sft.n, r.sft.family, r.model.init) == (1, "lookup", "small")
+    assert r.sft.tasks == root / "recipes" / "tasks" / "lookup" / "train"
+    assert r.eval.tasks == root / "recipes" / "tasks" / "lookup" / "heldout" and r.eval.every > 0
+    assert r.rollout.harness_options["agentloop"]["tools"] == ["bash", "write"]
+    from clawgym.config import recipe_to_toml
+
+    text = recipe_to_toml(r)
+    assert "[sft]" in text and 'family = "lookup"' in text
+    # the shipped train (SFT), RL and held-out task sets: no held-out task's content is trained on
+    def contents(split: str) -> set[tuple]:
+        return {((d / "instruction.md").read_text(), tuple((d / "workspace" / f).read_text() for f in ("a.txt", "b.txt", "c.txt")))
+                for d in (root / "recipes" / "tasks" / "lookup" / split).iterdir()}
+
+    trained, heldout = contents("train") | contents("rl"), contents("heldout")
+    assert len(heldout) == 12 and len(trained) >= 48 and not trained & heldout
