@@ -2,7 +2,7 @@
 
     [run]      name, dir, steps, seed
     [model]    path = "models/tiny"   or   init = "tiny" | "small", init_seed = 0
-    [engine]   name = "hf", and engine options
+    [engine]   name = "hf", chat_template = FILE | shipped name, and engine options
     [rollout]  tasks, harnesses, n, concurrency, timeout, sandbox, network, judge_url, judge_model
     [rollout.<harness>]  that harness adapter's options (e.g. [rollout.agentloop] max_tokens = 8)
     [trees]    max_leaves
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.errors import UserError
+from clawgym.templates import SHIPPED, load_chat_template
 
 
 @dataclass
@@ -49,6 +50,8 @@ class ModelSection:
 @dataclass
 class EngineSection:
     name: str = "hf"
+    chat_template: str | None = None
+    """a Jinja file (relative to the recipe) or a shipped template name replacing the model's (templates.py)"""
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -174,7 +177,11 @@ def load_recipe(path: str | Path) -> Recipe:
             raise UserError(f"{path}: [{name}] must be a table")
         extra = set(HARNESSES) if name == "rollout" else set()
         if name == "engine":
-            sections[name] = EngineSection(name=table.get("name", "hf"), options={k: v for k, v in table.items() if k != "name"})
+            template = table.get("chat_template")
+            if template is not None and not isinstance(template, str):
+                raise UserError(f"{path} [engine] key 'chat_template' must be a file path or a template name, got {template!r}")
+            sections[name] = EngineSection(name=table.get("name", "hf"), chat_template=template,
+                                           options={k: v for k, v in table.items() if k not in ("name", "chat_template")})
             continue
         sections[name] = _section(cls, table, f"{path} [{name}]", extra)
         if name == "rollout":
@@ -199,12 +206,17 @@ def _resolve_paths(r: Recipe) -> None:
         value = getattr(obj, attr)
         if value is not None and not Path(value).is_absolute():
             setattr(obj, attr, (base / value).resolve())
+    template = r.engine.chat_template
+    if template is not None and template not in SHIPPED and not Path(template).is_absolute():
+        r.engine.chat_template = str((base / template).resolve())
 
 
 def _validate(r: Recipe, harnesses: dict) -> None:
     where = str(r.path)
     if (r.model.path is None) == (r.model.init is None):
         raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small)")
+    if r.engine.chat_template is not None:
+        load_chat_template(r.engine.chat_template, f"{where} [engine] key 'chat_template':")  # a missing or unreadable file fails before any work
     if r.model.path is not None and not (r.model.path / "config.json").exists():
         raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
     if r.run.steps < 1:
@@ -235,7 +247,7 @@ def recipe_to_toml(r: Recipe) -> str:
     doc = {
         "run": plain({**dataclasses.asdict(r.run), "dir": r.run_dir}),
         "model": plain(dataclasses.asdict(r.model)),
-        "engine": plain({"name": r.engine.name, **r.engine.options}),
+        "engine": plain({"name": r.engine.name, "chat_template": r.engine.chat_template, **r.engine.options}),
         "rollout": {**plain(rollout), **{h: plain(o) for h, o in harness_options.items()}},
         "trees": plain(dataclasses.asdict(r.trees)),
         "train": plain(r.train),

@@ -42,6 +42,7 @@ from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy.toolparse import PARSERS
 from clawgym.proxy.types import ChatRequest, ProtocolError, Turn, new_id
+from clawgym.templates import check_tool_template, load_chat_template
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -63,6 +64,8 @@ class ProxyConfig:
     """override the model's window (e.g. the scripted engine serving huge harness prompts)"""
     default_max_tokens: int = 4096
     tool_parser: str = "hermes"
+    chat_template: str | None = None
+    """a Jinja file or a shipped template name (templates.py) replacing the model's own template"""
     audit_render: bool = False
     """also render every request fully and compare with the incremental result (tests, debugging)"""
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -95,6 +98,11 @@ class ProxyServer:
             raise UserError(f"unknown tool parser '{config.tool_parser}'; choose one of: {', '.join(PARSERS)}")
         self.parser = PARSERS[config.tool_parser]
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        if config.chat_template:
+            self.tokenizer.chat_template = load_chat_template(config.chat_template)
+        # A template that drops tools, calls or results would make every tool task unsolvable unseen.
+        check_tool_template(self.tokenizer, f"--chat-template {config.chat_template}" if config.chat_template
+                            else f"--model {config.model_dir}")
         self.renderer = Renderer(self.tokenizer)
         opts = dict(config.engine_options)
         if config.max_context:
