@@ -195,3 +195,22 @@ def test_llama3_template_tool_conversation_prompts_extend(tiny_model, tmp_path) 
     last = tok.decode(recs[-1].prompt_ids)
     assert "Given the following functions" in last and '"name": "exec"' in last
     assert last.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_recipe_engine_chat_template(tmp_path) -> None:
+    from clawgym.config import load_recipe, recipe_to_toml
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "t.jinja").write_text(fixture("qwen3.jinja"))
+
+    def recipe(value: str):
+        path = tmp_path / "r.toml"
+        path.write_text(f'[model]\ninit = "tiny"\n[rollout]\ntasks = "tasks"\n[engine]\nname = "hf"\nchat_template = "{value}"\nmax_batch = 4\n')
+        return load_recipe(path)
+
+    r = recipe("t.jinja")
+    assert r.engine.chat_template == str(tmp_path / "t.jinja") and r.engine.options == {"max_batch": 4}
+    assert f'chat_template = "{tmp_path / "t.jinja"}"' in recipe_to_toml(r)
+    assert recipe("smollm2-tools").engine.chat_template == "smollm2-tools"
+    with pytest.raises(UserError, match=r"\[engine\] key 'chat_template': .*missing.jinja: no such file"):
+        recipe("missing.jinja")

