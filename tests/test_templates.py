@@ -99,6 +99,7 @@ def test_load_chat_template_errors(tmp_path) -> None:
         load_chat_template(tmp_path / "empty.jinja")
 
 
+@pytest.mark.slow
 def test_proxy_refuses_a_template_without_tools_then_serves_with_chat_template(tiny_model, tmp_path) -> None:
     model = model_with_template(tiny_model, tmp_path / "smol-template", fixture("smollm2.jinja"))
     with pytest.raises(UserError, match=r"tools offered are not rendered.*--chat-template FILE"):

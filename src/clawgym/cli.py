@@ -184,6 +184,8 @@ def rollout(
     options = {"script": str(script)} if script else {}
     if max_context:
         options["max_context"] = max_context
+    if chat_template and proxy:
+        raise UserError("--chat-template applies to the proxy this command starts (--model); give it to `clawgym serve-proxy` instead")
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, engine_options=options, chat_template=chat_template, proxy_url=proxy,

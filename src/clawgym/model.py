@@ -7,9 +7,10 @@
   in the package), with the Qwen3 special tokens; `<tool_call>`, `</tool_call>`, `<tool_response>`,
   `</tool_response>`, `<think>`, `</think>` are single tokens that stay in decoded text, as in Qwen3,
   so the same tool-call parsers serve real Qwen3 models;
-- our own chat template following the Qwen3/Hermes conventions (system, user, assistant, tool
-  roles; tool definitions in `<tools>`; `<tool_call>{"name":…,"arguments":…}</tool_call>` calls;
-  consecutive tool results grouped in one user turn as `<tool_response>` blocks);
+- our own chat template, shipped as `data/templates/chatml-tools.jinja`, following the Qwen3/Hermes
+  conventions (system, user, assistant, tool roles; tool definitions in `<tools>`;
+  `<tool_call>{"name":…,"arguments":…}</tool_call>` calls; consecutive tool results grouped in one
+  user turn as `<tool_response>` blocks);
 - random weights from `seed`, head_dim 64 (vLLM's CPU attention rejects smaller heads), a 32k
   context window, fp32 safetensors.
 
