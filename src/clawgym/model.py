@@ -152,13 +152,12 @@ def init_model(path: str | Path, *, seed: int = 0, size: str = "tiny", force: bo
 
 
 def check_target(path: Path, force: bool) -> None:
-    """A model directory may be written to `path`: absent, empty, or (with --force) emptied now."""
+    """A model directory may be written to `path`: absent, empty, or non-empty with --force (it is
+    replaced only once the new model is complete, by `publish_target`)."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()):
-        if not force:
-            raise UserError(f"{path} is not empty; pass --force to overwrite it")
-        shutil.rmtree(path)
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise UserError(f"{path} is not empty; pass --force to overwrite it")
 
 
 def temp_target(path: Path) -> Path:
@@ -171,5 +170,5 @@ def temp_target(path: Path) -> Path:
 
 def publish_target(tmp: Path, path: Path) -> None:
     if path.exists():
-        path.rmdir()
+        shutil.rmtree(path)
     tmp.rename(path)
