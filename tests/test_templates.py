@@ -7,7 +7,6 @@ the tiny model's tokenizer, given the special tokens a template needs where it i
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
