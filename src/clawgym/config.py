@@ -2,7 +2,7 @@
 
     [run]      name, dir, steps, seed
     [model]    path = "models/tiny"   or   init = "tiny" | "small", init_seed = 0
-    [engine]   name = "hf", tool_parser = "auto", and engine options
+    [engine]   name = "hf", tool_parser = "auto", chat_template = FILE | shipped name, and engine options
     [rollout]  tasks, harnesses, n, concurrency, timeout, sandbox, network, judge_url, judge_model
     [rollout.<harness>]  that harness adapter's options (e.g. [rollout.agentloop] max_tokens = 8)
     [trees]    max_leaves
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.errors import UserError
+from clawgym.templates import SHIPPED, load_chat_template
 
 
 @dataclass
@@ -53,6 +54,8 @@ class EngineSection:
     name: str = "hf"
     tool_parser: str = "auto"
     """the proxy's tool-call parser: auto (from the chat template) or a name in clawgym.proxy.toolparse.PARSERS"""
+    chat_template: str | None = None
+    """a Jinja file (relative to the recipe) or a shipped template name replacing the model's (templates.py)"""
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -219,10 +222,10 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def _engine_section(table: dict, where: str) -> EngineSection:
-    """[engine]: name and tool_parser are the proxy's; every other key is an engine option."""
+    """[engine]: name, tool_parser and chat_template are the proxy's; every other key is an engine option."""
     from clawgym.proxy.toolparse import check_name
 
-    known = {"name": str, "tool_parser": str}
+    known = {"name": str, "tool_parser": str, "chat_template": str}
     for key, kind in known.items():
         if key in table and not isinstance(table[key], kind):
             raise UserError(f"{where} key '{key}' must be str, got {type(table[key]).__name__} {table[key]!r}")
@@ -230,7 +233,7 @@ def _engine_section(table: dict, where: str) -> EngineSection:
         parser = check_name(table.get("tool_parser", "auto"))
     except UserError as e:
         raise UserError(f"{where} key 'tool_parser': {e}") from None
-    return EngineSection(name=table.get("name", "hf"), tool_parser=parser,
+    return EngineSection(name=table.get("name", "hf"), tool_parser=parser, chat_template=table.get("chat_template"),
                          options={k: v for k, v in table.items() if k not in known})
 
 
@@ -240,12 +243,17 @@ def _resolve_paths(r: Recipe) -> None:
         value = getattr(obj, attr)
         if value is not None and not Path(value).is_absolute():
             setattr(obj, attr, (base / value).resolve())
+    template = r.engine.chat_template
+    if template is not None and template not in SHIPPED and not Path(template).is_absolute():
+        r.engine.chat_template = str((base / template).resolve())
 
 
 def _validate(r: Recipe, harnesses: dict) -> None:
     where = str(r.path)
     if (r.model.path is None) == (r.model.init is None):
         raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small)")
+    if r.engine.chat_template is not None:
+        load_chat_template(r.engine.chat_template, f"{where} [engine] key 'chat_template':")  # a missing or unreadable file fails before any work
     if r.model.path is not None and not (r.model.path / "config.json").exists():
         raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
     if r.run.steps < 1:
@@ -300,8 +308,9 @@ def recipe_to_toml(r: Recipe) -> str:
     doc = {
         "run": plain({**dataclasses.asdict(r.run), "dir": r.run_dir}),
         "model": plain(dataclasses.asdict(r.model)),
-        # tool_parser only when set: a run saved before the key existed still resumes with its recipe
+        # tool_parser and chat_template only when set: a run saved before the keys existed still resumes with its recipe
         "engine": plain({"name": r.engine.name, **({"tool_parser": r.engine.tool_parser} if r.engine.tool_parser != "auto" else {}),
+                         **({"chat_template": r.engine.chat_template} if r.engine.chat_template is not None else {}),
                          **r.engine.options}),
         "rollout": {**plain(rollout), **{h: plain(o) for h, o in harness_options.items()}},
         "trees": plain(dataclasses.asdict(r.trees)),

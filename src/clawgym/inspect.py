@@ -4,7 +4,7 @@ Parquet tables (calls, rollouts, trees) show their schema version, rows, columns
 a user checks first; JSONL logs show their records, keys and any torn line (transcripts.jsonl: its
 rollouts and tool calls, or with --rollout one rollout's conversation); a model directory shows
 its architecture, parameter count, vocabulary and whether its chat template renders a tool-using
-conversation with single-token tool-call markers; a directory lists the artifacts it holds.
+conversation (the check the proxy makes at start, templates.py); a directory lists the artifacts it holds.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rich.table import Table
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
+from clawgym.templates import tool_use_problems
 
 
 def inspect_path(path: Path, console: Console, *, rollout: Optional[str] = None, tokenizer: Optional[Path] = None) -> None:
@@ -233,32 +234,6 @@ def _metrics_table(records: list[dict], console: Console) -> None:
     console.print(t)
 
 
-def check_chat_template(tokenizer) -> list[str]:
-    """Problems with a tokenizer's chat template for tool use; empty when it is fine."""
-    problems = []
-    if not getattr(tokenizer, "chat_template", None):
-        return ["no chat template"]
-    messages = [
-        {"role": "system", "content": "You are an agent."},
-        {"role": "user", "content": "Write hi to out.txt"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": "echo hi > out.txt"}}}]},
-        {"role": "tool", "content": "(no output)"},
-        {"role": "assistant", "content": "Done."},
-    ]
-    tools = [{"type": "function", "function": {"name": "bash", "description": "Run a command", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
-    try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
-    except Exception as e:
-        return [f"rendering a tool-using conversation failed: {e}"]
-    for needle in ("bash", "echo hi > out.txt", "(no output)", "Done."):
-        if needle not in text:
-            problems.append(f"rendered text lacks {needle!r}")
-    for marker in ("<tool_call>", "</tool_call>"):
-        if len(tokenizer.encode(marker, add_special_tokens=False)) != 1:
-            problems.append(f"{marker} is not a single token")
-    return problems
-
-
 def inspect_model(path: Path, console: Console) -> None:
     from safetensors import safe_open
     from transformers import AutoTokenizer
@@ -274,7 +249,7 @@ def inspect_model(path: Path, console: Console) -> None:
                 n_params += _prod(st.get_slice(name).get_shape())
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        problems = check_chat_template(tok)
+        problems = tool_use_problems(tok)
         vocab = len(tok)
     except Exception as e:
         tok, vocab, problems = None, "-", [f"tokenizer does not load: {e}"]
@@ -287,7 +262,7 @@ def inspect_model(path: Path, console: Console) -> None:
         ("context window", config.get("max_position_embeddings", "-")),
         ("vocabulary", vocab),
         ("dtype", config.get("dtype", config.get("torch_dtype", "-"))),
-        ("chat template", "ok: renders tools, tool calls and tool results; tool-call markers are single tokens" if not problems else "; ".join(problems)),
+        ("chat template", "ok: renders tools, tool calls and tool results" if not problems else "; ".join(problems)),
     ]
     made = path / "clawgym.json"
     if made.exists():

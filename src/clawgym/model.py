@@ -7,9 +7,10 @@
   in the package), with the Qwen3 special tokens; `<tool_call>`, `</tool_call>`, `<tool_response>`,
   `</tool_response>`, `<think>`, `</think>` are single tokens that stay in decoded text, as in Qwen3,
   so the same tool-call parsers serve real Qwen3 models;
-- our own chat template following the Qwen3/Hermes conventions (system, user, assistant, tool
-  roles; tool definitions in `<tools>`; `<tool_call>{"name":…,"arguments":…}</tool_call>` calls;
-  consecutive tool results grouped in one user turn as `<tool_response>` blocks);
+- our own chat template, shipped as `data/templates/chatml-tools.jinja`, following the Qwen3/Hermes
+  conventions (system, user, assistant, tool roles; tool definitions in `<tools>`;
+  `<tool_call>{"name":…,"arguments":…}</tool_call>` calls; consecutive tool results grouped in one
+  user turn as `<tool_response>` blocks);
 - random weights from `seed`, head_dim 64 (vLLM's CPU attention rejects smaller heads), a 32k
   context window, fp32 safetensors.
 
@@ -26,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from clawgym.errors import UserError
+from clawgym.templates import shipped_template
 
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
@@ -51,50 +53,10 @@ BPE_VOCAB = 2048
 HEAD_DIM = 64
 CONTEXT_WINDOW = 32768
 
-# Our own template in the Qwen3/Hermes conventions. Assistant tool-call arguments may arrive as a
-# JSON string (OpenAI style) or an object; both render the same JSON text.
-CHAT_TEMPLATE = r"""
-{%- macro content_text(content) -%}
-{%- if content is string -%}{{- content -}}
-{%- elif content is none -%}
-{%- else -%}{%- for part in content -%}{%- if part.text is defined -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
-{%- endif -%}
-{%- endmacro -%}
-{%- set first_system = messages and messages[0].role == 'system' -%}
-{%- if tools -%}
-{{- '<|im_start|>system\n' -}}
-{%- if first_system -%}{{- content_text(messages[0].content) + '\n\n' -}}{%- endif -%}
-{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
-{%- for tool in tools -%}{{- '\n' -}}{{- tool | tojson -}}{%- endfor -%}
-{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
-{%- elif first_system -%}
-{{- '<|im_start|>system\n' + content_text(messages[0].content) + '<|im_end|>\n' -}}
-{%- endif -%}
-{%- for message in messages -%}
-{%- if loop.first and first_system -%}
-{%- elif message.role == 'user' or message.role == 'system' -%}
-{{- '<|im_start|>' + message.role + '\n' + content_text(message.content) + '<|im_end|>\n' -}}
-{%- elif message.role == 'assistant' -%}
-{%- set text = content_text(message.content) -%}
-{{- '<|im_start|>assistant\n' + text -}}
-{%- if message.tool_calls -%}
-{%- for tool_call in message.tool_calls -%}
-{%- set fn = tool_call.function if tool_call.function is defined else tool_call -%}
-{%- if (loop.first and text) or not loop.first -%}{{- '\n' -}}{%- endif -%}
-{{- '<tool_call>\n{"name": "' + fn.name + '", "arguments": ' -}}
-{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}
-{{- '}\n</tool_call>' -}}
-{%- endfor -%}
-{%- endif -%}
-{{- '<|im_end|>\n' -}}
-{%- elif message.role == 'tool' -%}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-{{- '\n<tool_response>\n' + content_text(message.content) + '\n</tool_response>' -}}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
-""".strip()
+# Our own template in the Qwen3/Hermes conventions, shipped as `chatml-tools` (templates.py).
+# Assistant tool-call arguments may arrive as a JSON string (OpenAI style) or an object; both
+# render the same JSON text.
+CHAT_TEMPLATE = shipped_template("chatml-tools").strip()
 
 
 @dataclass(frozen=True)
@@ -148,12 +110,7 @@ def init_model(path: str | Path, *, seed: int = 0, size: str = "tiny", force: bo
     if seed < 0:
         raise UserError(f"--seed must be >= 0, got {seed}")
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()):
-        if not force:
-            raise UserError(f"{path} is not empty; pass --force to overwrite it")
-        shutil.rmtree(path)
+    check_target(path, force)
     spec = SIZES[size]
 
     tokenizer = build_tokenizer(BPE_VOCAB)
@@ -185,15 +142,33 @@ def init_model(path: str | Path, *, seed: int = 0, size: str = "tiny", force: bo
         top_k=0,
     )
 
-    # Write into a sibling temp dir, then rename, so a crash never leaves half a model.
-    tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = temp_target(path)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "clawgym.json").write_text(json.dumps({"made_by": "clawgym init-model", "size": size, "seed": seed}, indent=2) + "\n")
-    if path.exists():
-        path.rmdir()
-    tmp.rename(path)
+    publish_target(tmp, path)
     n_params = sum(p.numel() for p in model.parameters())
     return ModelInfo(path, "Qwen3ForCausalLM", n_params, len(tokenizer), size, seed)
+
+
+def check_target(path: Path, force: bool) -> None:
+    """A model directory may be written to `path`: absent, empty, or non-empty with --force (it is
+    replaced only once the new model is complete, by `publish_target`)."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise UserError(f"{path} is not empty; pass --force to overwrite it")
+
+
+def temp_target(path: Path) -> Path:
+    """A fresh sibling directory to write into; `publish_target` renames it, so a crash never leaves half a model."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_target(tmp: Path, path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)

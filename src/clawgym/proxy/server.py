@@ -42,6 +42,7 @@ from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy import toolparse
 from clawgym.proxy.types import ChatRequest, ProtocolError, Turn, new_id
+from clawgym.templates import check_tool_template, load_chat_template
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -64,6 +65,8 @@ class ProxyConfig:
     default_max_tokens: int = 4096
     tool_parser: str = toolparse.AUTO
     """a name in toolparse.PARSERS, or auto: detected from the chat template (docs/engines.md)"""
+    chat_template: str | None = None
+    """a Jinja file or a shipped template name (templates.py) replacing the model's own template"""
     audit_render: bool = False
     """also render every request fully and compare with the incremental result (tests, debugging)"""
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +99,11 @@ class ProxyServer:
         self.config = config
         toolparse.check_name(config.tool_parser)  # before any loading: a typo fails at once
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        if config.chat_template:
+            self.tokenizer.chat_template = load_chat_template(config.chat_template)
+        # A template that drops tools, calls or results would make every tool task unsolvable unseen.
+        check_tool_template(self.tokenizer, f"--chat-template {config.chat_template}" if config.chat_template
+                            else f"--model {config.model_dir}")
         self.renderer = Renderer(self.tokenizer)
         self.tool_parser, self.tool_parser_source = toolparse.choose(config.tool_parser, self.renderer.text)
         self.parser = toolparse.PARSERS[self.tool_parser]

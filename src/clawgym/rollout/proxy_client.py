@@ -172,7 +172,7 @@ def start_local_proxy(config, out: Path) -> Iterator[ProxyClient]:
     records = Path(out) / "records"
     pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, host=config.proxy_host, port=0,
                      records_dir=records, engine_options=dict(config.engine_options), policy_version=config.policy_version,
-                     tool_parser=config.tool_parser)
+                     tool_parser=config.tool_parser, chat_template=config.chat_template)
     with ProxyThread(pc) as thread:
         url = f"http://{reachable_host(config.proxy_host)}:{thread.server.port}"
         server = thread.server

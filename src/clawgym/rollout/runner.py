@@ -70,6 +70,8 @@ class RolloutConfig:
     """start a proxy in process serving this model (else use `proxy_url`)"""
     engine: str = "hf"
     engine_options: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+    """the in-process proxy renders with this Jinja file or shipped template instead of the model's"""
     proxy_url: str | None = None
     admin_token: str | None = None
     records: Path | None = None

