@@ -182,6 +182,8 @@ def attention_pairs(mb) -> int:
     if m is None:
         L = mb.input_ids.shape[1]
         return L * (L + 1) // 2
+    if isinstance(m, TreePlan) and m.dense is not None:
+        return int(m.dense.shape[0] * m.dense.shape[-1] * m.dense.shape[-2])
     if isinstance(m, TreePlan):
         return sum((b.q1 - b.q0) * (b.q1 - b.q0 + 1) // 2 if b.mask is None else b.mask.numel() for r in m.rows for b in r)
     return int(m.shape[0] * m.shape[-1] * m.shape[-2])

@@ -30,7 +30,9 @@ from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, Roll
 from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
 from clawgym.train import losses as L
+from clawgym.train.attention import implementation
 from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
+from clawgym.train.support import check_config, self_test, sliding_window
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
 
@@ -115,6 +117,15 @@ def _check(cfg: TrainConfig) -> None:
         raise UserError("--kl-coef > 0 needs --ref-model (the policy to stay close to)")
     if not (Path(cfg.model) / "config.json").exists():
         raise UserError(f"{cfg.model}: not a model directory (no config.json)")
+
+
+def _load_config(path: Path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the model's config ({e})") from None
 
 
 def _cat(per_tree, rows: list[int]) -> torch.Tensor:
@@ -207,15 +218,23 @@ def train(cfg: TrainConfig) -> TrainResult:
           f"{n_zero_var_groups}/{len(groups)} zero-variance groups")
 
     # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
+    #    The architecture is checked from its config first, then by a packed-vs-per-path self-test.
     cuda = torch.cuda.is_available()
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
-    attention = cfg.attention if cfg.attention != "auto" else ("flex" if cuda else "segments")
-    attn = "flex_attention" if attention == "flex" else "sdpa"
     src = out if resuming else Path(cfg.model)
+    model_config = _load_config(src)
+    max_depth = max((int(t.position_ids.max()) + 1 for t in trees), default=0)
+    window = sliding_window(model_config)
+    attention = cfg.attention
+    if attention == "auto":  # FlexAttention's one block mask cannot hold a window shallower than the trees
+        attention = "flex" if cuda and (window is None or max_depth <= window) else "segments"
+    check_config(model_config, attention, max_depth)
+    attn = implementation(attention)
     try:
         lm = AutoModelForCausalLM.from_pretrained(src, attn_implementation=attn, dtype=torch.float32)
     except (OSError, ValueError) as e:
         raise UserError(f"{src}: cannot load the policy ({e})") from None
+    self_test(lm, attention)
     policy = PackedPolicy(lm)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
     ckpt.load_optimizer(optimizer, src / ckpt.OPTIMIZER_FILE)
@@ -223,6 +242,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     value = value_opt = None
     if cfg.algo == "ppo":
         value, fresh_value = load_value_model(src, attn)
+        self_test(value.backbone, attention)
         value_opt = torch.optim.AdamW(value.parameters(), lr=cfg.value_lr, weight_decay=0.0)
         ckpt.load_optimizer(value_opt, src / VALUE_DIR / ckpt.OPTIMIZER_FILE)
         value, value_opt = accelerator.prepare(value, value_opt)
