@@ -277,14 +277,16 @@ def backbone_forward(backbone: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
 def head_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """The LM's logits [T, V] (fp32) for hidden states [T, H], as its own forward computes them.
 
-    Besides the output projection, some architectures rescale (Granite's `logits_scaling`) or
-    soft-cap (Gemma 2's `final_logit_softcapping`) the logits; support.py checks the result against
+    Besides the output projection, some architectures rescale (Granite's `logits_scaling`, Cohere's
+    `logit_scale`) or soft-cap (Gemma 2's `final_logit_softcapping`) the logits; support.py checks the result against
     the model's forward, so an architecture doing something else is refused rather than mis-scored.
     """
     logits = lm.get_output_embeddings()(hidden).float()
     cfg = lm.config
     if getattr(cfg, "logits_scaling", None):
         logits = logits / cfg.logits_scaling
+    if getattr(cfg, "logit_scale", None):
+        logits = logits * cfg.logit_scale
     if getattr(cfg, "final_logit_softcapping", None):
         logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
     return logits
