@@ -229,7 +229,10 @@ def train(
     value_warmup_steps: int = typer.Option(0, help="PPO: value-only updates before the policy moves."),
     norm_adv: bool = typer.Option(True, "--norm-adv/--no-norm-adv", help="PPO: whiten the advantages over the batch."),
     min_reward: float = typer.Option(1.0, help="SFT: keep rollouts with at least this reward."),
-    seed: int = typer.Option(0, help="Seed for minibatch order."),
+    lora_rank: int = typer.Option(0, help="LoRA: train rank-R adapters instead of every weight (0: full); checkpoints hold them merged."),
+    lora_alpha: float = typer.Option(16.0, help="LoRA: adapter scale (update = alpha / rank · B·A)."),
+    lora_targets: str = typer.Option("all-linear", help="LoRA: modules to adapt, comma-separated (q_proj,v_proj) or all-linear."),
+    seed: int = typer.Option(0, help="Seed for minibatch order and adapter initialization."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted call from the checkpoint in --out."),
     force: bool = typer.Option(False, "--force", help="Overwrite the checkpoint in --out."),
 ) -> None:
