@@ -29,6 +29,11 @@ def check(rank: int, alpha: float, targets: str) -> None:
         raise UserError(f"--lora-alpha must be positive, got {alpha}")
     if rank and not [t for t in targets.split(",") if t.strip()]:
         raise UserError("--lora-targets must name modules (e.g. q_proj,v_proj) or be all-linear")
+    if rank:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise UserError("--lora-rank needs peft: pip install 'clawgym[lora]'") from None
 
 
 def _targets(targets: str) -> str | list[str]:
