@@ -28,7 +28,7 @@ gradients + optimizer state, with the full/LoRA ratios. The model is `--model`, 
 shaped Llama (hidden 576, 30 layers, 9 heads / 3 KV heads, head_dim 64, vocab 49,152) with random
 weights — the same shapes, so the same time and memory:
 
-    python bench/train.py --lora-rank 16 --threads 2
+    python bench/train.py --lora-rank 16 --shapes grpo-like --scale 0.25 --repeats 1 --threads 2
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def lora_vs_full(args) -> None:
         params = lora.trainable(policy)
         opt = torch.optim.AdamW(params, lr=1e-5)
         if mode == "full":
-            trees = [pack_tree(make(f"t{i}", rng, lm.config.vocab_size, 0.5 if args.small else 1.0)) for i in range(n_trees)]
+            trees = [pack_tree(make(f"t{i}", rng, lm.config.vocab_size, args.scale)) for i in range(n_trees)]
             batches = [collate(trees, r) for r in plan_microbatches([t.n_tokens for t in trees], args.budget)]
         times, grad_bytes, state_bytes = [], 0, 0
         for r in range(1 + args.repeats):
@@ -321,9 +321,11 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=8192, help="padded tokens per micro-batch")
     ap.add_argument("--model", type=Path, default=None, help="policy dir (default: a fresh tiny init-model)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ", ".join(SHAPES))
+    ap.add_argument("--scale", type=float, default=None, help="tree size factor (default 1, or 0.5 with --small)")
     ap.add_argument("--lora-rank", type=int, default=0, help="compare full fine-tuning with LoRA of this rank instead")
     ap.add_argument("--lora-targets", default="all-linear", help="LoRA: modules to adapt")
     args = ap.parse_args()
+    args.scale = args.scale if args.scale is not None else (0.5 if args.small else 1.0)
     torch.set_num_threads(args.threads)
     if args.lora_rank:
         return lora_vs_full(args)
@@ -339,7 +341,7 @@ def main() -> None:
     lm = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
     policy = PackedPolicy(lm)
     vocab = lm.config.vocab_size
-    scale = 0.5 if args.small else 1.0
+    scale = args.scale
 
     table = Table(title=f"forward+backward on {model_dir.name} ({sum(p.numel() for p in lm.parameters()):,} params), "
                         f"{args.threads} threads, median of {args.repeats}, budget {args.budget}")
