@@ -21,6 +21,14 @@ a better CPU memory figure than RSS).
 
     python bench/train.py            # tiny init-model policy, 1 thread, a few minutes
     python bench/train.py --small    # smaller trees, under a minute
+
+With `--lora-rank R` it instead compares one optimizer step (forward + backward + AdamW) of full
+fine-tuning with LoRA adapters of rank R, on the same packed trees: step time and the bytes of
+gradients + optimizer state, with the full/LoRA ratios. The model is `--model`, or a SmolLM2-135M-
+shaped Llama (hidden 576, 30 layers, 9 heads / 3 KV heads, head_dim 64, vocab 49,152) with random
+weights — the same shapes, so the same time and memory:
+
+    python bench/train.py --lora-rank 16 --shapes grpo-like --scale 0.25 --repeats 1 --threads 2
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from rich.console import Console
 from rich.table import Table
 
 from clawgym.artifacts import TreeNode
-from clawgym.train.attention import TreePlan
+from clawgym.train import lora
+from clawgym.train.attention import TreePlan, implementation
 from clawgym.train.packing import PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches, root_paths
 
 
@@ -182,6 +191,8 @@ def attention_pairs(mb) -> int:
     if m is None:
         L = mb.input_ids.shape[1]
         return L * (L + 1) // 2
+    if isinstance(m, TreePlan) and m.dense is not None:
+        return int(m.dense.shape[0] * m.dense.shape[-1] * m.dense.shape[-2])
     if isinstance(m, TreePlan):
         return sum((b.q1 - b.q0) * (b.q1 - b.q0 + 1) // 2 if b.mask is None else b.mask.numel() for r in m.rows for b in r)
     return int(m.shape[0] * m.shape[-1] * m.shape[-2])
@@ -241,6 +252,67 @@ class Mode:
         return Result(self.tokens, self.pairs, statistics.median(self.wall), statistics.median(self.cpu), self.saved_mib())
 
 
+def smollm2_135m_shape():
+    """SmolLM2-135M's architecture (its config.json's shapes), for random weights."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                       rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+
+
+def lora_vs_full(args) -> None:
+    """One optimizer step of full fine-tuning vs LoRA adapters: time, and gradient + optimizer-state bytes."""
+    from transformers import AutoModelForCausalLM
+
+    attn = implementation("segments")
+
+    def load():
+        torch.manual_seed(0)
+        if args.model is not None:
+            return AutoModelForCausalLM.from_pretrained(args.model, attn_implementation=attn, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(smollm2_135m_shape(), attn_implementation=attn, dtype=torch.float32)
+
+    make, n_trees = SHAPES[args.shapes.split(",")[0]]
+    rng = random.Random(0)
+    rows = {}
+    for mode in ("full", "lora"):
+        lm = load()
+        if mode == "lora":
+            lora.add_adapter(lm, args.lora_rank, 2.0 * args.lora_rank, args.lora_targets)
+        policy = PackedPolicy(lm)
+        params = lora.trainable(policy)
+        opt = torch.optim.AdamW(params, lr=1e-5)
+        if mode == "full":
+            trees = [pack_tree(make(f"t{i}", rng, lm.config.vocab_size, args.scale)) for i in range(n_trees)]
+            batches = [collate(trees, r) for r in plan_microbatches([t.n_tokens for t in trees], args.budget)]
+        times, grad_bytes, state_bytes = [], 0, 0
+        for r in range(1 + args.repeats):
+            t0 = time.perf_counter()
+            for mb in batches:
+                logp, _ = policy(mb)
+                (-logp.mean()).backward()
+            grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if r:
+                times.append(time.perf_counter() - t0)
+            state_bytes = sum(v.nbytes for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+        rows[mode] = (sum(p.numel() for p in params), statistics.median(times), grad_bytes, state_bytes)
+        print(f"{mode}: {rows[mode][0]:,} trainable params, step {rows[mode][1]:.2f} s, "
+              f"gradients {grad_bytes / 2**20:.1f} MiB, optimizer state {state_bytes / 2**20:.1f} MiB", flush=True)
+        del policy, opt, lm
+    table = Table(title=f"one optimizer step, full vs LoRA rank {args.lora_rank} ({args.lora_targets}), "
+                        f"{sum(t.n_tokens for t in trees):,} packed tokens, {args.threads} threads, median of {args.repeats}")
+    for col in ("mode", "trainable params", "step s", "grad MiB", "optimizer MiB", "grad+optimizer MiB"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for mode, (n, t, g, o) in rows.items():
+        table.add_row(mode, f"{n:,}", f"{t:.2f}", f"{g / 2**20:.1f}", f"{o / 2**20:.1f}", f"{(g + o) / 2**20:.1f}")
+    (nf, tf, gf, of), (nl, tl, gl, ol) = rows["full"], rows["lora"]
+    table.add_row("full / lora", f"{nf / nl:.0f}x", f"{tf / tl:.2f}x", f"{gf / gl:.0f}x", f"{of / ol:.0f}x", f"{(gf + of) / (gl + ol):.0f}x")
+    Console(width=200).print(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", action="store_true", help="smaller trees (about a third of the tokens)")
@@ -249,8 +321,14 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=8192, help="padded tokens per micro-batch")
     ap.add_argument("--model", type=Path, default=None, help="policy dir (default: a fresh tiny init-model)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ", ".join(SHAPES))
+    ap.add_argument("--scale", type=float, default=None, help="tree size factor (default 1, or 0.5 with --small)")
+    ap.add_argument("--lora-rank", type=int, default=0, help="compare full fine-tuning with LoRA of this rank instead")
+    ap.add_argument("--lora-targets", default="all-linear", help="LoRA: modules to adapt")
     args = ap.parse_args()
+    args.scale = args.scale if args.scale is not None else (0.5 if args.small else 1.0)
     torch.set_num_threads(args.threads)
+    if args.lora_rank:
+        return lora_vs_full(args)
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 
@@ -263,7 +341,7 @@ def main() -> None:
     lm = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
     policy = PackedPolicy(lm)
     vocab = lm.config.vocab_size
-    scale = 0.5 if args.small else 1.0
+    scale = args.scale
 
     table = Table(title=f"forward+backward on {model_dir.name} ({sum(p.numel() for p in lm.parameters()):,} params), "
                         f"{args.threads} threads, median of {args.repeats}, budget {args.budget}")

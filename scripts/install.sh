@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install clawgym (editable) with the given extras, e.g. `scripts/install.sh dev`; with `dev`, also
-# what the tests drive outside pip (bubblewrap, the npm harnesses, vLLM for the CPU).
+# what the tests drive outside pip (bubblewrap, the npm harnesses, vLLM for the CPU). `dev` includes
+# peft (LoRA training), which a user without it gets with the `lora` extra.
 #
 # torch comes first and pinned: on a CPU machine `torch==2.13.0` takes the CPU wheel, while an
 # unpinned torch (asked for by us or by any dependency) would pull a multi-GB CUDA build. A torch

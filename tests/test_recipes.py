@@ -42,6 +42,7 @@ def _recipe(tmp_path: Path, body: str) -> Path:
     ("[run]\nsteps = 0\n", r"\[run\] key 'steps' must be at least 1"),
     ("[rollot]\nn = 1\n", r"unknown section \[rollot\]"),
     ("[eval]\nharnesses = ['nope']\n", r"unknown harness 'nope'"),
+    ("[train]\nlora_rank = 8.5\n", r"\[train\] key 'lora_rank' must be int, got float"),
 ])
 def test_recipe_errors_name_the_key(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
@@ -61,6 +62,11 @@ def test_model_and_tasks_are_required(tmp_path: Path) -> None:
     path.write_text("[run\n")
     with pytest.raises(UserError, match="not valid TOML"):
         load_recipe(path)
+
+
+def test_lora_keys_reach_the_train_config(tmp_path: Path) -> None:
+    r = load_recipe(_recipe(tmp_path, '[train]\nlora_rank = 8\nlora_alpha = 16\nlora_targets = "q_proj,v_proj"\n'))
+    assert r.train == {"lora_rank": 8, "lora_alpha": 16.0, "lora_targets": "q_proj,v_proj"}
 
 
 def test_harness_options_and_engine_options_are_kept(tmp_path: Path) -> None:

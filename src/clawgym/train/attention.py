@@ -1,9 +1,9 @@
-"""Attention over a packed tree: per-segment SDPA on CPU, block masks for FlexAttention on CUDA.
+"""Attention over a packed tree, for any transformers decoder: per-segment SDPA or a dense tree mask.
 
 A packed tree (packing.py) lets token i attend to token j iff j is on i's root path. Handing SDPA a
 dense [L, L] mask is exact but costs L² for every tree, although a token's root path is often a
 small part of the sequence: with a dense mask a long tree can cost *more* than forwarding each
-path alone with causal attention (research/perf.md §5.2: 0.78× on a chain, 1.6× on a wide tree).
+path alone with causal attention (docs/models.md, "How packed trees attend").
 
 "Segment" attention does only the useful work. The sequence is cut into runs (maximal chains of
 nodes, each the first child of the one before, so contiguous in depth-first order), and each
@@ -16,21 +16,32 @@ ancestors (an unbranched tree is exactly one such call), otherwise an explicit m
 most `QUERY_BLOCK` queries so the masked-out upper triangle stays small. Keys are slices (views)
 of the layer's key/value tensors, so autograd handles the backward pass.
 
-It plugs into transformers as the attention implementation "clawgym_tree": a `TreePlan` reaches
-the attention function as the layer's mask (`attention_mask={"full_attention": plan}` skips HF's
-mask building); any other mask is handed to the stock SDPA function unchanged, so the same model
-still generates and scores ordinary batches.
+How it reaches the model. transformers 5 lets a name be registered in its `AttentionInterface`;
+a model loaded with `attn_implementation=IMPLEMENTATION` calls `tree_attention` in every attention
+layer, and the keyword arguments given to the model's forward travel down to it. The `TreePlan`
+travels that way (keyword `TREE_KWARG`), never as `attention_mask`: model classes differ in what
+they accept there (Qwen3 takes a dict of per-layer-type masks, Llama only a tensor). As the mask
+itself the trainer passes an all-ones [B, L] padding mask, for which HF's mask builders (registered
+for this implementation as plain SDPA masks) build nothing; without it, the non-monotonic position
+ids of a packed tree would look like packed sequences and HF would build an unused L² mask.
+
+The layer's own keyword arguments are honoured, so the tree path is exact on more than plain
+attention: `sliding_window` (Mistral, Gemma 2/3, Qwen2 with windows: a key more than the window
+behind the query *in depth on its root path* is dropped) and `softcap` (Gemma 2's attention logit
+soft-capping, which SDPA cannot do, so those layers are scored explicitly). A call without a plan
+(generation, a plain causal batch) goes to transformers' own SDPA function unchanged.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 QUERY_BLOCK = 512
 IMPLEMENTATION = "clawgym_tree"
+TREE_KWARG = "clawgym_tree"
 
 
 @dataclass
@@ -45,14 +56,18 @@ class Block:
 
 @dataclass
 class TreePlan:
-    """The blocks of every row of a micro-batch (rows shorter than L are zero beyond their end)."""
+    """How the rows of a micro-batch attend: segment blocks per row, or one dense ancestor mask."""
 
-    rows: list[list[Block]]
-    lengths: list[int]
+    rows: list[list[Block]]  # per row; empty lists when `dense` is set
+    lengths: list[int]  # real tokens per row (rows shorter than L are zero beyond their end)
+    positions: torch.Tensor  # [B, L] long: each token's depth on its root path (sliding windows measure it)
+    dense: torch.Tensor | None = None  # [B, 1, L, L] bool ancestor mask (--attention dense), else None
+    uses: int = field(default=0, compare=False)  # attention layers that read this plan (support.py checks it)
 
     def to(self, device: torch.device) -> "TreePlan":
         rows = [[Block(b.q0, b.q1, b.key_ranges, None if b.mask is None else b.mask.to(device)) for b in r] for r in self.rows]
-        return TreePlan(rows, self.lengths)
+        dense = None if self.dense is None else self.dense.to(device)
+        return TreePlan(rows, self.lengths, self.positions.to(device), dense)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -100,33 +115,86 @@ def plan_blocks(node_parent: list[int], node_start: list[int], n_tokens: int) ->
 def _gather(x: torch.Tensor, ranges: list[tuple[int, int]], n_rep: int) -> torch.Tensor:
     """Keys/values of the given spans of one row: [1, Hkv, L, D] → [1, H, K, D]."""
     parts = [x[:, :, a:b] for a, b in ranges]
-    k = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-    if n_rep > 1:
-        B, H, K, D = k.shape
-        k = k[:, :, None].expand(B, H, n_rep, K, D).reshape(B, H * n_rep, K, D)
-    return k
+    return _repeat(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2), n_rep)
 
 
-def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """transformers attention function: segment attention for a TreePlan, stock SDPA otherwise.
+def _repeat(k: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Grouped-query keys/values for every query head: [B, Hkv, K, D] → [B, Hkv·n_rep, K, D]."""
+    if n_rep == 1:
+        return k
+    B, H, K, D = k.shape
+    return k[:, :, None].expand(B, H, n_rep, K, D).reshape(B, H * n_rep, K, D)
+
+
+def _attend(q, k, v, mask: torch.Tensor | None, causal: bool, scaling, softcap, dropout: float) -> torch.Tensor:
+    """softmax(q kᵀ · scaling [soft-capped]) v over the allowed keys: [B, H, Q, D].
+
+    `causal` means the queries are the last Q keys, each seeing itself and the keys before it.
+    SDPA has no logit soft-capping, so a soft-capped layer is computed explicitly (fp32 softmax).
+    """
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                              dropout_p=dropout, scale=scaling)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    s = torch.tanh((q @ k.transpose(-1, -2)) * scale / softcap) * softcap  # [B, H, Q, K]
+    Q, K = s.shape[-2:]
+    if causal and mask is None:
+        mask = torch.ones(Q, K, dtype=torch.bool, device=s.device).tril(K - Q)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    p = F.dropout(torch.softmax(s.float(), dim=-1).to(q.dtype), p=dropout, training=dropout > 0)
+    return p @ v
+
+
+def _window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """[..., Q, K] bool: the key lies less than `window` tokens above the query on its root path."""
+    return (q_pos[..., :, None] - k_pos[..., None, :]) < window
+
+
+def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                   sliding_window: int | None = None, softcap: float | None = None, **kwargs):
+    """transformers attention function: the tree plan's attention if one is given, stock SDPA otherwise.
 
     query [B, H, L, D], key/value [B, Hkv, L, D] → ([B, L, H, D], None).
     """
-    if not isinstance(attention_mask, TreePlan):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    plan: TreePlan | None = kwargs.pop(TREE_KWARG, None)
+    n_rep = query.shape[1] // key.shape[1]
+    if plan is None:
+        if softcap is None:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                          sliding_window=sliding_window, **kwargs)
+        causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
+        out = _attend(query, _repeat(key, n_rep), _repeat(value, n_rep), attention_mask, causal, scaling, softcap, dropout)
+        return out.transpose(1, 2).contiguous(), None
+    if kwargs.get("s_aux") is not None:  # gpt-oss's learned attention sinks: an extra softmax column per head
+        raise NotImplementedError("attention sinks (s_aux) are not supported by tree attention")
+    plan.uses += 1
+    if plan.dense is not None:
+        mask = plan.dense
+        if sliding_window is not None:
+            mask = mask & _window(plan.positions, plan.positions, sliding_window)[:, None]
+        out = _attend(query, _repeat(key, n_rep), _repeat(value, n_rep), mask, False, scaling, softcap, dropout)
+        return out.transpose(1, 2).contiguous(), None
     B, H, L, D = query.shape
-    n_rep = H // key.shape[1]
     rows = []
-    for r, (blocks, length) in enumerate(zip(attention_mask.rows, attention_mask.lengths)):
+    for r, (blocks, length) in enumerate(zip(plan.rows, plan.lengths)):
         outs = []
         for blk in blocks:
+            mask = blk.mask
+            if sliding_window is not None:
+                pos = plan.positions[r]
+                k_pos = torch.cat([pos[a:b] for a, b in blk.key_ranges])
+                near = _window(pos[blk.q0 : blk.q1], k_pos, sliding_window)
+                if not bool(near.all()):
+                    if mask is None:  # causal over the run itself: keys == queries
+                        mask = torch.ones_like(near).tril()
+                    mask = mask & near
             q = query[r : r + 1, :, blk.q0 : blk.q1]
             k = _gather(key[r : r + 1], blk.key_ranges, n_rep)
             v = _gather(value[r : r + 1], blk.key_ranges, n_rep)
-            outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=blk.mask, is_causal=blk.mask is None,
-                                                       dropout_p=dropout, scale=scaling))
+            outs.append(_attend(q, k, v, mask, mask is None, scaling, softcap, dropout))
         if length < L:
             outs.append(query.new_zeros(1, H, L - length, D))
         rows.append(torch.cat(outs, dim=2))
@@ -134,16 +202,25 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
     return out.transpose(1, 2).contiguous(), None
 
 
-def enable_tree_attention(model: torch.nn.Module) -> None:
-    """Route an SDPA model's attention through `tree_attention` (no-op for other implementations)."""
+def register() -> None:
+    """Make IMPLEMENTATION known to transformers (idempotent); ordinary masks are built as for SDPA."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(IMPLEMENTATION, tree_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)  # HF still builds ordinary masks
-    if model.config._attn_implementation == "sdpa":
-        if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
-            raise ValueError("tree attention does not support sliding-window layers")
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+
+
+def implementation(attention: str) -> str:
+    """The `attn_implementation` to load a model with for a train `--attention` mode."""
+    register()
+    return "flex_attention" if attention == "flex" else IMPLEMENTATION
+
+
+def enable_tree_attention(model: torch.nn.Module) -> None:
+    """Route a model's attention through `tree_attention` (a FlexAttention model is left as it is)."""
+    register()
+    if model.config._attn_implementation not in (IMPLEMENTATION, "flex_attention"):
         model.set_attn_implementation(IMPLEMENTATION)
 
 

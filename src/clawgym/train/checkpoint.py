@@ -8,6 +8,7 @@ engines as is. Beside the HF files it holds:
     batch_state.pt        only while incomplete: logp_old / values of the batch, for --resume
     train_config.json     the resolved TrainConfig
     value/                PPO only: the value model (see value.py) and its optimizer.pt
+    adapter/              LoRA only: the adapter in peft format (lora.py); the HF weights have it merged
 
 Saving is atomic: everything is written to a sibling temp directory, then swapped in by renames.
 The previous checkpoint is moved aside (`NAME.old-PID`) for the instant between the two renames;
@@ -30,6 +31,7 @@ import torch
 
 from clawgym.artifacts import write_config
 from clawgym.errors import UserError
+from clawgym.train.lora import ADAPTER_DIR
 from clawgym.train.value import VALUE_DIR
 
 STATE_FILE = "trainer_state.json"
@@ -72,15 +74,23 @@ def save_checkpoint(
     value: torch.nn.Module | None = None,
     value_optimizer: torch.optim.Optimizer | None = None,
     batch_state: dict | None = None,
+    lm_state: dict[str, torch.Tensor] | None = None,
+    adapter: Any = None,
 ) -> Path:
-    """Write a complete checkpoint to `out`, atomically replacing any previous one."""
+    """Write a complete checkpoint to `out`, atomically replacing any previous one.
+
+    `lm_state` replaces the LM's own state dict (LoRA: the merged weights); `adapter` is a peft
+    model whose adapter is saved beside them.
+    """
     from transformers import AutoTokenizer
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        lm.save_pretrained(tmp, safe_serialization=True)
+        lm.save_pretrained(tmp, safe_serialization=True, state_dict=lm_state)
+        if adapter is not None:
+            adapter.save_pretrained(tmp / ADAPTER_DIR)
         if lm.generation_config is not None and not (tmp / "generation_config.json").exists():
             lm.generation_config.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)

@@ -29,8 +29,11 @@ import torch
 from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, RolloutRecord, read_jsonl, read_table
 from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
+from clawgym.train import lora
 from clawgym.train import losses as L
+from clawgym.train.attention import implementation
 from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
+from clawgym.train.support import check_config, self_test, sliding_window
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
 
@@ -79,6 +82,12 @@ class TrainConfig:
     """PPO: value-only updates over the batch before the policy moves"""
     norm_adv: bool = True
     """PPO: whiten A_t = R − V(s_t) over the batch (weighted mean 0, std 1) before the update"""
+    lora_rank: int = 0
+    """LoRA: rank of the adapters to train (0: train every weight); checkpoints hold them merged"""
+    lora_alpha: float = 16.0
+    """LoRA: scale of the adapters' update (alpha / rank)"""
+    lora_targets: str = "all-linear"
+    """LoRA: comma-separated module names to adapt (e.g. q_proj,v_proj), or all-linear"""
     min_reward: float = 1.0
     """SFT: train on rollouts whose reward is at least this"""
     seed: int = 0
@@ -113,8 +122,18 @@ def _check(cfg: TrainConfig) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if cfg.kl_coef > 0 and cfg.ref_model is None:
         raise UserError("--kl-coef > 0 needs --ref-model (the policy to stay close to)")
+    lora.check(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     if not (Path(cfg.model) / "config.json").exists():
         raise UserError(f"{cfg.model}: not a model directory (no config.json)")
+
+
+def _load_config(path: Path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the model's config ({e})") from None
 
 
 def _cat(per_tree, rows: list[int]) -> torch.Tensor:
@@ -207,22 +226,38 @@ def train(cfg: TrainConfig) -> TrainResult:
           f"{n_zero_var_groups}/{len(groups)} zero-variance groups")
 
     # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
+    #    The architecture is checked from its config first, then by a packed-vs-per-path self-test.
     cuda = torch.cuda.is_available()
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
-    attention = cfg.attention if cfg.attention != "auto" else ("flex" if cuda else "segments")
-    attn = "flex_attention" if attention == "flex" else "sdpa"
     src = out if resuming else Path(cfg.model)
+    model_config = _load_config(src)
+    max_depth = max((int(t.position_ids.max()) + 1 for t in trees), default=0)
+    window = sliding_window(model_config)
+    attention = cfg.attention
+    if attention == "auto":  # FlexAttention's one block mask cannot hold a window shallower than the trees
+        attention = "flex" if cuda and (window is None or max_depth <= window) else "segments"
+    check_config(model_config, attention, max_depth)
+    attn = implementation(attention)
+    # Under LoRA the weights stay those of the start model; a resumed call puts its saved adapter back on them.
+    weights = Path(cfg.model) if cfg.lora_rank else src
     try:
-        lm = AutoModelForCausalLM.from_pretrained(src, attn_implementation=attn, dtype=torch.float32)
+        lm = AutoModelForCausalLM.from_pretrained(weights, attn_implementation=attn, dtype=torch.float32)
     except (OSError, ValueError) as e:
-        raise UserError(f"{src}: cannot load the policy ({e})") from None
+        raise UserError(f"{weights}: cannot load the policy ({e})") from None
+    self_test(lm, attention)
+    adapter = None
+    if cfg.lora_rank:
+        adapter = lora.add_adapter(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
+                                   resume_from=out / lora.ADAPTER_DIR if resuming else None)
     policy = PackedPolicy(lm)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
-    ckpt.load_optimizer(optimizer, src / ckpt.OPTIMIZER_FILE)
+    optimizer = torch.optim.AdamW(lora.trainable(policy), lr=cfg.lr, weight_decay=0.0)
+    if resuming or not cfg.lora_rank:  # a fresh adapter has nothing to do with an earlier step's moments
+        ckpt.load_optimizer(optimizer, src / ckpt.OPTIMIZER_FILE)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     value = value_opt = None
     if cfg.algo == "ppo":
         value, fresh_value = load_value_model(src, attn)
+        self_test(value.backbone, attention)
         value_opt = torch.optim.AdamW(value.parameters(), lr=cfg.value_lr, weight_decay=0.0)
         ckpt.load_optimizer(value_opt, src / VALUE_DIR / ckpt.OPTIMIZER_FILE)
         value, value_opt = accelerator.prepare(value, value_opt)
@@ -231,9 +266,11 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     def save(epochs_done: int, updates_done: int, batch: dict) -> None:
         state = ckpt.TrainerState(cfg.algo, cfg.epochs, epochs_done, updates_done, epochs_done == cfg.epochs, chosen)
-        ckpt.save_checkpoint(out, lm=accelerator.unwrap_model(policy).lm, tokenizer_dir=src, optimizer=optimizer,
+        lm_ = accelerator.unwrap_model(policy).lm
+        ckpt.save_checkpoint(out, lm=lm_, tokenizer_dir=src, optimizer=optimizer,
                              state=state, config=cfg, value=accelerator.unwrap_model(value) if value is not None else None,
-                             value_optimizer=value_opt, batch_state=batch)
+                             value_optimizer=value_opt, batch_state=batch,
+                             lm_state=lora.merged_state_dict(lm_) if adapter is not None else None, adapter=adapter)
 
     if not trees:
         # Nothing to learn this step (all groups zero-variance, or no rollout above --min-reward):

@@ -16,8 +16,9 @@ and their ancestors. Dead leaves, subagent and compaction branches are never for
 
 `collate` turns several packed trees into a padded micro-batch with one of three attention
 structures: a segment plan (attention.py: per-run SDPA, the CPU default, no L² work), a dense
-boolean ancestor mask [B, 1, L, L] for SDPA, or a FlexAttention block mask on CUDA; one unbranched
-tree gets no mask at all (plain causal attention).
+boolean ancestor mask [B, 1, L, L] (also carried by a TreePlan, so sliding windows and soft-capping
+apply), or a FlexAttention block mask on CUDA; one unbranched tree gets no mask at all (plain causal
+attention). `backbone_forward` hands a micro-batch to any transformers decoder (attention.py says how).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from clawgym.artifacts import TreeNode
 from clawgym.errors import UserError
-from clawgym.train.attention import TreePlan, enable_tree_attention, flex_block_mask, plan_blocks
+from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, flex_block_mask, plan_blocks
 from clawgym.trees import training_nodes
 
 ATTENTIONS = ("segments", "dense", "flex")
@@ -195,13 +196,13 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # [B, L] long
     position_ids: torch.Tensor  # [B, L] long
-    attention_mask: object  # a TreePlan, [B, 1, L, L] bool, a FlexAttention BlockMask, or None (plain causal)
+    attention_mask: object  # a TreePlan (segments or dense), a FlexAttention BlockMask, or None (plain causal)
     pred_index: torch.Tensor  # [T] long, flat index into B*L of the position predicting each scored token
     target_ids: torch.Tensor  # [T] long
     n_tokens: int  # real (unpadded) tokens forwarded
 
     def to(self, device: torch.device) -> "MicroBatch":
-        mask = self.attention_mask.to(device) if isinstance(self.attention_mask, (torch.Tensor, TreePlan)) else self.attention_mask
+        mask = self.attention_mask.to(device) if isinstance(self.attention_mask, TreePlan) else self.attention_mask
         return MicroBatch(self.input_ids.to(device), self.position_ids.to(device), mask,
                           self.pred_index.to(device), self.target_ids.to(device), self.n_tokens)
 
@@ -225,9 +226,9 @@ def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[in
 def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str = "segments") -> MicroBatch:
     """Pad the chosen trees into one micro-batch with the attention structure that keeps them exact.
 
-    attention: "segments" (a TreePlan for `attention.tree_attention`, the CPU default), "dense"
-    (a [B, 1, L, L] boolean mask for SDPA), or "flex" (a FlexAttention BlockMask, CUDA). One
-    unbranched tree gets no mask at all under segments/dense: plain causal attention.
+    attention: "segments" (a TreePlan of blocks for `attention.tree_attention`, the CPU default),
+    "dense" (a TreePlan carrying a [B, 1, L, L] boolean ancestor mask), or "flex" (a FlexAttention
+    BlockMask, CUDA). One unbranched tree gets no mask at all under segments/dense: plain causal attention.
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
@@ -242,26 +243,53 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
         pred_index.append(t.pred_pos + b * L)
         target_ids.append(t.target_ids)
     n_tokens = sum(t.n_tokens for t in picked)
+    lengths = [t.n_tokens for t in picked]
     mask: object
     if B == 1 and picked[0].is_chain and attention != "flex":
         mask = None  # an unbranched tree is an ordinary causal sequence: SDPA's is_causal path
     elif attention == "segments":
-        mask = TreePlan([plan_blocks(t.node_parent, t.node_start, t.n_tokens) for t in picked], [t.n_tokens for t in picked])
+        mask = TreePlan([plan_blocks(t.node_parent, t.node_start, t.n_tokens) for t in picked], lengths, position_ids)
     else:
-        mask = torch.zeros(B, 1, L, L, dtype=torch.bool)
+        dense = torch.zeros(B, 1, L, L, dtype=torch.bool)
         pad = torch.arange(L)
         for b, t in enumerate(picked):
-            mask[b, 0, : t.n_tokens, : t.n_tokens] = t.attention_mask()
+            dense[b, 0, : t.n_tokens, : t.n_tokens] = t.attention_mask()
             # Padding rows attend to themselves only, so no softmax row is empty (NaN); nothing attends to them.
-            mask[b, 0, pad[t.n_tokens:], pad[t.n_tokens:]] = True
-        if attention == "flex":
-            mask = flex_block_mask(mask)
+            dense[b, 0, pad[t.n_tokens:], pad[t.n_tokens:]] = True
+        mask = flex_block_mask(dense) if attention == "flex" else TreePlan([[] for _ in picked], lengths, position_ids, dense)
     return MicroBatch(input_ids, position_ids, mask, torch.cat(pred_index), torch.cat(target_ids), n_tokens)
 
 
-def layer_mask(mb: MicroBatch):
-    """What the HF model gets as `attention_mask`: a TreePlan goes straight to the layers (no HF mask building)."""
-    return {"full_attention": mb.attention_mask} if isinstance(mb.attention_mask, TreePlan) else mb.attention_mask
+def backbone_forward(backbone: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """Last hidden states [B, L, H] of a transformers decoder body on a micro-batch.
+
+    A TreePlan goes to the attention layers as a keyword argument, with an all-ones padding mask
+    for HF's mask builders (attention.py explains both); a BlockMask or None is the mask itself.
+    """
+    if isinstance(mb.attention_mask, TreePlan):
+        ones = torch.ones(mb.input_ids.shape, dtype=torch.bool, device=mb.input_ids.device)
+        kw = {"attention_mask": ones, TREE_KWARG: mb.attention_mask}
+    else:
+        kw = {"attention_mask": mb.attention_mask}
+    return backbone(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, **kw).last_hidden_state
+
+
+def head_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM's logits [T, V] (fp32) for hidden states [T, H], as its own forward computes them.
+
+    Besides the output projection, some architectures rescale (Granite's `logits_scaling`, Cohere's
+    `logit_scale`) or soft-cap (Gemma 2's `final_logit_softcapping`) the logits; support.py checks the result against
+    the model's forward, so an architecture doing something else is refused rather than mis-scored.
+    """
+    logits = lm.get_output_embeddings()(hidden).float()
+    cfg = lm.config
+    if getattr(cfg, "logits_scaling", None):
+        logits = logits / cfg.logits_scaling
+    if getattr(cfg, "logit_scale", None):
+        logits = logits * cfg.logit_scale
+    if getattr(cfg, "final_logit_softcapping", None):
+        logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+    return logits
 
 
 class PackedPolicy(torch.nn.Module):
@@ -278,11 +306,9 @@ class PackedPolicy(torch.nn.Module):
         self.lm = lm
 
     def forward(self, mb: MicroBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = self.lm.base_model(
-            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=layer_mask(mb), use_cache=False
-        ).last_hidden_state  # [B, L, H]
+        hidden = backbone_forward(self.lm.base_model, mb)  # [B, L, H]
         h = hidden.reshape(-1, hidden.shape[-1])[mb.pred_index]  # [T, H]
-        logits = self.lm.get_output_embeddings()(h).float()  # [T, V]
+        logits = head_logits(self.lm, h)  # [T, V]
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, mb.target_ids[:, None]).squeeze(-1)  # [T]
         entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # [T]

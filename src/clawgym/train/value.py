@@ -24,8 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from clawgym.errors import UserError
-from clawgym.train.attention import enable_tree_attention
-from clawgym.train.packing import MicroBatch, layer_mask
+from clawgym.train.attention import enable_tree_attention, implementation
+from clawgym.train.packing import MicroBatch, backbone_forward
 
 HEAD_FILE = "value_head.safetensors"
 VALUE_DIR = "value"
@@ -43,9 +43,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, mb: MicroBatch) -> torch.Tensor:
-        hidden = self.backbone(
-            input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=layer_mask(mb), use_cache=False
-        ).last_hidden_state  # [B, L, H]
+        hidden = backbone_forward(self.backbone, mb)  # [B, L, H]
         h = hidden.reshape(-1, hidden.shape[-1])[mb.pred_index]  # [T, H]: the state before each scored token
         return self.head(h.float()).squeeze(-1)  # [T]
 
@@ -63,13 +61,14 @@ class ValueModel(torch.nn.Module):
         (path / "value_model.json").write_text(json.dumps({"kind": "clawgym-value-model", "head": HEAD_FILE}) + "\n")
 
 
-def load_value_model(model_dir: Path, attn_implementation: str = "sdpa") -> tuple[ValueModel, bool]:
+def load_value_model(model_dir: Path, attn_implementation: str | None = None) -> tuple[ValueModel, bool]:
     """The value model of checkpoint `model_dir` if it has one, else a fresh one on its backbone.
 
     Returns (model, fresh). A fresh model has a zero head and needs the warm-up stage.
     """
     from transformers import AutoModel
 
+    attn_implementation = attn_implementation or implementation("segments")
     value_dir = Path(model_dir) / VALUE_DIR
     fresh = not (value_dir / HEAD_FILE).exists()
     src = model_dir if fresh else value_dir
