@@ -102,7 +102,7 @@ def test_one_run_step_on_smollm2(smollm2_model, tmp_path) -> None:
     shutil.copytree(ROOT / "recipes" / "tasks" / "toy" / "numbers-0", task)
     (task / "tests" / "check.py").write_text(LENGTH_CHECK)
     recipe = tmp_path / "smol.toml"
-    # Dense attention: the packed-tree path does not take the Llama architecture yet (issue 13, item 2).
+    # The trainer's default attention: the packed-tree path on the Llama architecture.
     recipe.write_text(f"""
 [run]
 name = "smol"
@@ -125,7 +125,6 @@ max_tokens = 12
 [train]
 algo = "grpo"
 lr = 1e-5
-attention = "dense"
 """)
     r = cli("run", str(recipe))
     assert r.returncode == 0, r.stderr[-3000:]
