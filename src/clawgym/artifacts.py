@@ -1,7 +1,7 @@
 """The stages' only shared vocabulary: typed rows, their Parquet schemas, and safe readers/writers.
 
 Every stage of clawgym (proxy, rollout, trees, train, eval) exchanges files on disk. This module
-defines what those files hold (DESIGN §3) and how they are written and read:
+defines what those files hold (docs/architecture.md) and how they are written and read:
 
 - `CallRecord`, `RolloutRecord`, `TreeNode`: one dataclass per table row, each with an explicit
   pyarrow schema. Parquet files carry `schema_version` and `kind` in their metadata.
@@ -58,7 +58,7 @@ class ArtifactError(Exception):
 
 @dataclass
 class CallRecord:
-    """One model call as the proxy served it (DESIGN §3, "call")."""
+    """One model call as the proxy served it (docs/architecture.md, "calls")."""
 
     rollout_id: str
     call_id: str
@@ -108,7 +108,7 @@ class CallRecord:
 
 @dataclass
 class RolloutRecord:
-    """One rollout: a harness solving one task once (DESIGN §3, "rollout")."""
+    """One rollout: a harness solving one task once (docs/architecture.md, "rollouts")."""
 
     rollout_id: str
     task_id: str
@@ -146,7 +146,7 @@ class RolloutRecord:
 
 @dataclass
 class TreeNode:
-    """One node of a rollout's prefix tree over token ids (DESIGN §3, "tree node")."""
+    """One node of a rollout's prefix tree over token ids (docs/architecture.md, "trees")."""
 
     rollout_id: str
     node_id: int

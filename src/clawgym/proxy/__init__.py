@@ -1,5 +1,5 @@
 """The serving proxy: Anthropic Messages, OpenAI Chat Completions and Responses in front of an engine,
-with exact token capture, incremental rendering and per-rollout attribution (DESIGN §4).
+with exact token capture, incremental rendering and per-rollout attribution (docs/architecture.md, docs/engines.md).
 
 Entry points: `ProxyConfig` + `ProxyServer` (an aiohttp app), `ProxyThread` (the same on a
 background thread, for tests and in-process runners), `serve` (the CLI's blocking server), and

@@ -1,6 +1,6 @@
 """The serving proxy: an aiohttp app that answers harnesses with the policy and records every call.
 
-Routes (each rollout has its own base URL and API key, DESIGN §4):
+Routes (each rollout has its own base URL and API key, docs/architecture.md):
 
     POST /r/{rollout}/v1/messages              Anthropic Messages (also ?beta=true)
     POST /r/{rollout}/v1/messages/count_tokens

@@ -1,1 +1,1 @@
-"""Rollouts: sandboxes, harness adapters, the verifier and the rollout runner (DESIGN §5)."""
+"""Rollouts: sandboxes, harness adapters, the verifier and the rollout runner (docs/harnesses.md, docs/tasks.md)."""

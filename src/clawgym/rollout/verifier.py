@@ -1,4 +1,4 @@
-"""The verifier: scores a rollout's final workspace (paper §2.1, §4.1.1; DESIGN §5).
+"""The verifier: scores a rollout's final workspace (paper §2.1, §4.1.1; docs/tasks.md).
 
 1. Code checks, in the sandbox, with the task's timeout, after the hidden tests were copied in:
    `python3 <tests>/check.py <workspace>` prints a JSON dict of named sub-scores (or one number);

@@ -8,7 +8,7 @@ from the same packed forward, no grad → [PPO] value warm-up and A_t = R − V(
 minibatches of clipped updates with gradient accumulation over token-budget micro-batches →
 metrics per update (train.jsonl) → an HF checkpoint per epoch, the last one complete.
 
-Paper §2.3, §3.2.3–3.2.4 and DESIGN §7. The math lives in `losses.py`, the packing in
+Paper §2.3, §3.2.3–3.2.4; docs/models.md. The math lives in `losses.py`, the packing in
 `packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
 CUDA runs bf16 autocast with FlexAttention block masks. accelerate places the models and wraps
 them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
@@ -45,7 +45,7 @@ class TrainConfig:
     """Everything one `train` call needs; written next to the checkpoint as train_config.json."""
 
     trees: Path
-    """trees.parquet of the step (DESIGN §3)"""
+    """trees.parquet of the step (docs/architecture.md)"""
     rollouts: Path
     """rollouts.parquet of the step: rewards, groups, status"""
     model: Path

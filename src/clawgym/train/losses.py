@@ -1,4 +1,4 @@
-"""The optimizer's math as pure tensor functions (paper §2.3, §3.2.3–3.2.4; DESIGN §7).
+"""The optimizer's math as pure tensor functions (paper §2.3, §3.2.3–3.2.4; docs/models.md).
 
 Shapes: R rollouts in a batch, T scored tokens (trainable tokens of all packed trees, each counted
 once per rollout), `seq_index` [T] maps a token to its rollout 0..R-1. Every function here has a

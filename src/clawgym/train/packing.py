@@ -1,9 +1,9 @@
 """Tree packing: one rollout's prefix tree → one sequence whose forward pass equals every path's.
 
-A rollout's tree (rows of `trees.parquet`, DESIGN §3) is flattened depth-first into one token
+A rollout's tree (rows of `trees.parquet`, docs/architecture.md) is flattened depth-first into one token
 sequence. Attention is restricted so that a token sees only the tokens on its own root path, and
 its position id is its depth on that path; then every token's hidden state is exactly what it would
-be in a forward pass over its root-to-leaf path alone (DESIGN §7, §10: equal to ~2e-7 in fp32).
+be in a forward pass over its root-to-leaf path alone (docs/models.md: equal to ~2e-7 in fp32).
 
 Labels cannot come from shifting `input_ids` by one, because a branch point has several children.
 Instead every target token carries `pred_pos`, the position whose output predicts it: the previous

@@ -6,7 +6,7 @@ prompt leaves the existing tree (the longest common prefix), its remaining promp
 env node, and its sampled tokens a model node. Nodes are split where paths branch, where kinds
 change, and where a call's prompt or output ends, so that every call is a root-to-node path.
 
-Cost is linear in the tokens the calls *store*. A delta-encoded prompt (DESIGN §3) starts with
+Cost is linear in the tokens the calls *store*. A delta-encoded prompt (docs/architecture.md, calls) starts with
 `prompt_base_len` tokens of its base call's prompt+output: that prefix is already a path in the tree,
 so the builder walks up from where the base call ended to that depth (a few nodes, not tokens) and
 only matches and inserts the stored tail. Node tokens are numpy views into the calls' arrays, so

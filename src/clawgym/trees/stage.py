@@ -83,7 +83,7 @@ def resolve_config(step_dir: Path | None, calls: Path | None, rollouts: Path | N
         out = out or step_dir / "trees.parquet"
         match = re.fullmatch(r"step-(\d+)", step_dir.resolve().name)
         if match:
-            # The run layout (DESIGN §3): metrics.jsonl lives in the run directory above the steps.
+            # The run layout (docs/architecture.md, "The run directory"): metrics.jsonl lives in the run directory above the steps.
             metrics = metrics or step_dir.resolve().parent / "metrics.jsonl"
             step = int(match.group(1)) if step is None else step
     missing = [flag for flag, value in (("--calls", calls), ("--rollouts", rollouts), ("--out", out)) if value is None]

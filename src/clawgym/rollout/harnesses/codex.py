@@ -1,6 +1,6 @@
 """`codex`: OpenAI's Codex CLI (`codex exec`), unmodified, against the proxy's Responses route.
 
-From driving the real binary (shared/research/harnesses.md §4): Codex speaks only the Responses API;
+From driving the real binary (docs/harnesses.md, "codex"): Codex speaks only the Responses API;
 a per-run `$CODEX_HOME/config.toml` names the proxy as a model provider, turns approvals and the
 sandbox off (the rollout's own sandbox isolates it), and turns off plugins, analytics, feedback,
 multi-agent tools and web search, so it connects to nothing but the proxy.

@@ -1,6 +1,6 @@
 """`openclaw`: the OpenClaw agent (`openclaw agent exec`), unmodified, against the proxy's Chat Completions route.
 
-From driving the real program (shared/research/harnesses.md §3): OpenClaw needs Node ≥ 24 (under
+From driving the real program (docs/harnesses.md, "openclaw"): OpenClaw needs Node ≥ 24 (under
 Node 20 npm silently installs an empty 0.0.1 placeholder), so we install Node 24 from npm next to
 it. `agent exec` is its headless entry point; a per-run JSON5 config points a custom provider at
 the proxy. It rewrites tool-call ids (drops `_`), which the proxy's matching tolerates. Start-up is
