@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -311,14 +312,18 @@ def _run_one(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Rollou
     return dataclasses.asdict(rec) | ({"transcript": transcript.to_json()} if transcript is not None else {})
 
 
-def _transcript(harness: Harness, proxy: "ProxyClient", plan: _Plan, stdout: str) -> A.Transcript:
-    """The rollout's transcript, built by its harness adapter from the proxy's conversation log and its output."""
+def _transcript(harness: Harness, proxy: "ProxyClient", plan: _Plan, stdout: str, api_key: str) -> A.Transcript:
+    """The rollout's transcript, built by its harness adapter from the proxy's conversation log and its output,
+    with the rollout's API key blanked: a tool that prints the environment must not put it into an artifact."""
     try:
         calls = proxy.conversation(plan.rollout_id)
     except ProxyUnavailable:  # a proxy without the conversation route: the harness's own output alone
         calls = []
     t = harness.transcript(stdout, calls)
     t.rollout_id, t.harness = plan.rollout_id, plan.harness
+    text = orjson.dumps(t.to_json()).decode()
+    if api_key and api_key in text:  # the key is letters, digits and '-': it never spans a JSON escape
+        t = A.Transcript.from_json(orjson.loads(text.replace(api_key, "<redacted>")))
     return t
 
 
@@ -341,7 +346,7 @@ def _run_harness(plan: _Plan, harness: Harness, proxy: "ProxyClient", config: Ro
     if status["calls_recorded"] < status["calls_started"]:  # e.g. the records disk is full
         evidence.add("infra", f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
                               "calls could not be recorded (see the proxy's log)")
-    final, ended_ok, transcript = None, False, _transcript(harness, proxy, plan, run.stdout())
+    final, ended_ok, transcript = None, False, _transcript(harness, proxy, plan, run.stdout(), api_key)
     overflow = status.get("context_exceeded")  # its last request did not fit, and no call came after it
     if run.timed_out:
         evidence.add("timeout", f"killed after {timeout:.0f} s" + (f"; context_length_exceeded: {overflow}" if overflow else ""))
