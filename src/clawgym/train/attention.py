@@ -169,7 +169,8 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         out = _attend(query, _repeat(key, n_rep), _repeat(value, n_rep), attention_mask, causal, scaling, softcap, dropout)
         return out.transpose(1, 2).contiguous(), None
     if kwargs.get("s_aux") is not None:  # gpt-oss's learned attention sinks: an extra softmax column per head
-        raise NotImplementedError("attention sinks (s_aux) are not supported by tree attention")
+        # a refusal, not a stub: the support self-test turns it into the one-line error naming the architecture
+        raise ValueError("attention sinks (s_aux) are not supported by tree attention")
     plan.uses += 1
     if plan.dense is not None:
         mask = plan.dense
