@@ -268,3 +268,22 @@ def test_a_branching_tree_reports_the_tokens_packing_saved(tmp_path, tiny_model)
     path_tokens = 2 * (len(PROMPT) + 2 * len(GOOD) + len(TOOL) + len(PROMPT) + len(BAD))
     assert line.values["train/tokens_saved"] == 2 * len(PROMPT)
     assert line.values["train/tree_token_ratio"] == pytest.approx((path_tokens - 2 * len(PROMPT)) / path_tokens)
+
+
+def test_several_updates_per_step_return_the_step_metrics_by_each_keys_rule(step, tiny_model, tmp_path):
+    from clawgym.layout import StepLayout
+    from clawgym.loop import step_values
+
+    res = train(cfg(step, tiny_model, tmp_path / "c", epochs=2, minibatches=2, lr=1e-3))
+    lines = [m.values for m in read_metrics(step / "train.jsonl")]
+    assert res.updates == 4 and len(lines) == 4
+    m = res.metrics
+    assert m["train/update"] == 4 and m["train/epoch"] == 1
+    assert m["train/trainable_tokens"] == res.trainable_tokens and m["train/rollouts"] == res.rollouts == 4  # the batch once
+    assert m["train/tokens_forwarded"] == sum(v["train/tokens_forwarded"] for v in lines)
+    assert m["train/loss"] == pytest.approx(sum(v["train/loss"] for v in lines) / 4)
+    assert m["train/grad_norm_max"] == max(v["train/grad_norm"] for v in lines)
+    # `clawgym inspect` of a chained run reduces train.jsonl by the same table; a resumed loop gets the same from train()
+    assert {k: v for k, v in step_values(StepLayout(step)).items() if k.startswith("train/")} == pytest.approx(m)
+    again = train(cfg(step, tiny_model, tmp_path / "c", epochs=2, minibatches=2, lr=1e-3, resume=True))
+    assert again.metrics == pytest.approx(m)

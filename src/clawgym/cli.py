@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from clawgym import __version__
+from clawgym.console import STDERR
 from clawgym.errors import UserError
 
 app = typer.Typer(
@@ -28,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err = Console(stderr=True)
+err = STDERR  # every stage's tables and progress: the one shared console (console.py)
 _CHAT_TEMPLATE_HELP = ("A Jinja chat template, or a shipped one (chatml-tools, smollm2-tools), replacing the model's own: "
                        "for a model whose template does not render tools, tool calls and tool results.")
 
@@ -248,7 +249,7 @@ def build_trees(
 
     config = resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step)
     with _result(json_out) as report:
-        stats = run_build_trees(config, Console())
+        stats = run_build_trees(config, err)
         values = stats.to_metrics(config.step or 0).values
         report(f"{values['trees/rollouts_kept']:.0f} of {len(stats.rollouts)} rollouts kept, "
                f"{values['trees/trainable_tokens']:.0f} trainable tokens; wrote {config.out}",
@@ -298,15 +299,16 @@ def train(
 
     Example: clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
     """
+    from clawgym.layout import StepLayout
     from clawgym.train.loop import TrainConfig, train as _train
 
     if trees is None or rollouts is None:
         if step is None:
             raise UserError("give a step directory, or both --trees and --rollouts")
-        trees, rollouts = trees or step / "trees.parquet", rollouts or step / "rollouts.parquet"
+        trees, rollouts = trees or StepLayout(step).trees, rollouts or StepLayout(step).rollouts
     args = {k: v for k, v in locals().items() if k in TrainConfig.__dataclass_fields__}
     with _result(json_out) as report:
-        result = _train(TrainConfig(**args))
+        result = _train(TrainConfig(**args), err)
         report(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens",
                {"checkpoint": Path(result.out).resolve(), "updates": result.updates, "rollouts": result.rollouts,
                 "trainable_tokens": result.trainable_tokens,
@@ -346,14 +348,18 @@ def sync(
 def run(
     recipe: Path = typer.Argument(..., metavar="RECIPE.toml", help="The recipe: one section per stage (docs/recipes.md)."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed run from its last complete stage."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every stage's tables (rollouts, trees, train updates) each step."),
 ) -> None:
     """Run the RL loop: collect → reconstruct → optimize → sync, step after step, with metrics and plots.
+
+    Prints one line per step (reward, held-out Pass@1, mismatch, clip, grad norm, tokens/s, seconds
+    per phase, ETA) under a progress bar over the steps; --verbose adds each stage's own tables.
 
     Example: clawgym run recipes/quickstart.toml
     """
     from clawgym.loop import run as _run
 
-    lines = _run(recipe, resume=resume, console=err)
+    lines = _run(recipe, resume=resume, console=err, verbose=verbose)
     if lines:
         last = lines[-1].values
         typer.echo(f"{len(lines)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")

@@ -12,6 +12,7 @@
                teacher trajectories before step 1 (coldstart.py)
     [offline]  from_run: train on a finished run's saved trees instead of collecting rollouts
     [ray]      address, num_cpus: fan each step's rollouts out as Ray tasks
+    [log]      tensorboard = true, wandb = {project, mode, ...}: metrics sinks beside metrics.jsonl (sinks.py)
 
 Every key is checked: an unknown section or key, or a value of the wrong type, is a `UserError`
 naming the file, the section and the key. Paths are relative to the recipe's folder. The resolved
@@ -118,6 +119,15 @@ class SftSection:
 
 
 @dataclass
+class LogSection:
+    tensorboard: bool = False
+    """also write TensorBoard event files to RUN/tensorboard (pip install 'clawgym[tensorboard]')"""
+    wandb: dict[str, Any] = field(default_factory=dict)
+    """also log to Weights & Biases: {project = "...", mode = "offline" | "online", entity, name, group, tags}
+    (pip install 'clawgym[wandb]'); offline runs are kept in RUN/wandb"""
+
+
+@dataclass
 class OfflineSection:
     from_run: Path | None = None
 
@@ -136,6 +146,7 @@ class Recipe:
     sft: SftSection
     offline: OfflineSection
     ray: RaySection
+    log: LogSection = field(default_factory=LogSection)
 
     @property
     def run_dir(self) -> Path:
@@ -143,7 +154,8 @@ class Recipe:
 
 
 _SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, "rollout": RolloutSection,
-             "trees": TreesSection, "eval": EvalSection, "sft": SftSection, "offline": OfflineSection, "ray": RaySection}
+             "trees": TreesSection, "eval": EvalSection, "sft": SftSection, "offline": OfflineSection, "ray": RaySection,
+             "log": LogSection}
 # TrainConfig fields a recipe may not set: the loop fills them per step.
 _TRAIN_FILLED = {"trees", "rollouts", "model", "out", "metrics", "resume", "force"}
 
@@ -266,6 +278,9 @@ def _validate(r: Recipe, harnesses: dict) -> None:
     elif not r.offline.from_run.is_dir():
         raise UserError(f"{where} [offline] key 'from_run': {r.offline.from_run} is not a run directory")
     _validate_sft(r, where)
+    from clawgym.sinks import check_wandb_options
+
+    check_wandb_options(r.log.wandb, f"{where} [log]")
     for h in r.rollout.harnesses + r.eval.harnesses + r.sft.harnesses:
         if h not in harnesses:
             raise UserError(f"{where} [rollout] key 'harnesses': unknown harness '{h}'; choose from: {', '.join(harnesses)}")
@@ -320,5 +335,7 @@ def recipe_to_toml(r: Recipe) -> str:
         **({"sft": plain(dataclasses.asdict(r.sft))} if r.sft.n else {}),
         "offline": plain(dataclasses.asdict(r.offline)),
         "ray": plain(dataclasses.asdict(r.ray)),
+        # only a recipe that turns a sink on has the section, so runs started before it existed still resume
+        **({"log": plain(dataclasses.asdict(r.log))} if r.log != LogSection() else {}),
     }
     return dump_toml(doc)

@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from clawgym import artifacts as A
+from clawgym.console import STDERR
+from clawgym.layout import StepLayout
 
 
 @dataclass
@@ -93,12 +95,12 @@ def evaluate(config, console: Console | None = None, proxy=None) -> EvalReport:
     """Run the rollouts of `config` (a RolloutConfig) and write eval.md / eval.json beside them."""
     from clawgym.rollout.runner import run_rollouts
 
-    console = console or Console(stderr=True)
+    console = console or STDERR
     summary = run_rollouts(config, console, proxy=proxy)
     report = report_from_rollouts(summary.rollouts)
-    out = Path(config.out)
-    A.atomic_write_bytes(out / "eval.md", report.markdown().encode())
-    A.atomic_write_bytes(out / "eval.json", orjson.dumps({
+    out = StepLayout(Path(config.out))
+    A.atomic_write_bytes(out.eval_md, report.markdown().encode())
+    A.atomic_write_bytes(out.eval_json, orjson.dumps({
         "pass@1": report.overall, "per_category": report.per_category(), "per_task": report.per_task,
         "samples": report.samples, "excluded": report.excluded, "harnesses": report.harnesses,
         "judge": config.verifier.judge is not None,

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
+from clawgym.layout import RunLayout
 from clawgym.templates import tool_use_problems
 
 
@@ -33,7 +34,8 @@ def inspect_path(path: Path, console: Console, *, rollout: Optional[str] = None,
     if path.is_dir():
         if (path / "config.json").exists():
             return inspect_model(path, console)
-        if (path / "metrics.jsonl").exists() or any(path.glob("step-[0-9]*/rollouts.parquet")):
+        run = RunLayout(path)
+        if run.metrics.exists() or any(s.rollouts.exists() for s in run.steps()):
             return inspect_run(path, console)
         return inspect_directory(path, console)
     if path.suffix == ".parquet":
@@ -295,15 +297,16 @@ def inspect_run(path: Path, console: Console) -> None:
     has no such lines, shows the same table; its eval/step-NNNN/eval.json adds the Pass@1."""
     from clawgym.loop import step_values
 
+    run = RunLayout(path)
     rows: dict[int, dict[str, float]] = {}
-    for sdir in sorted(path.glob("step-[0-9]*")):
-        if sdir.name[5:].isdigit() and (sdir / "rollouts.parquet").exists():
-            rows[int(sdir.name[5:])] = step_values(sdir)
-    for sdir in sorted((path / "eval").glob("step-[0-9]*/eval.json")):
-        if sdir.parent.name[5:].isdigit():
-            rows.setdefault(int(sdir.parent.name[5:]), {})["eval/pass@1"] = float(json.loads(sdir.read_text())["pass@1"])
-    if (path / "metrics.jsonl").exists():
-        for m in A.read_metrics(path / "metrics.jsonl"):
+    for sdir in run.steps():
+        if sdir.rollouts.exists():
+            rows[sdir.step] = step_values(sdir)
+    for step, edir in run.evals():
+        if edir.eval_json.exists():
+            rows.setdefault(step, {})["eval/pass@1"] = float(json.loads(edir.eval_json.read_text())["pass@1"])
+    if run.metrics.exists():
+        for m in A.read_metrics(run.metrics):
             rows.setdefault(m.step, {}).update(m.values)
     lines = [A.MetricsLine(step, values) for step, values in sorted(rows.items())]
     keys = {k for m in lines for k in m.values}
@@ -313,7 +316,7 @@ def inspect_run(path: Path, console: Console) -> None:
     for m in lines:
         t.add_row(str(m.step), *(f"{m.values[k]:.4g}" if k in m.values else "-" for k, _ in cols))
     console.print(t)
-    plots = sorted((path / "plots").glob("*.png")) if (path / "plots").is_dir() else []
+    plots = sorted(run.plots.glob("*.png")) if run.plots.is_dir() else []
     if plots:
         console.print("plots: " + ", ".join(str(p) for p in plots))
 

@@ -26,16 +26,10 @@ from pathlib import Path
 from rich.console import Console
 
 from clawgym import artifacts as A
+from clawgym import console as C
 from clawgym.config import Recipe, load_recipe, recipe_to_toml
 from clawgym.errors import UserError
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / f"step-{step:04d}"
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step-{step:04d}"
+from clawgym.layout import RunLayout, StepLayout
 
 
 def _complete_checkpoint(path: Path) -> bool:
@@ -45,10 +39,10 @@ def _complete_checkpoint(path: Path) -> bool:
     return state is not None and state.complete
 
 
-def _initial_policy(recipe: Recipe, run_dir: Path) -> Path:
+def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
     if recipe.model.path is not None:
         return recipe.model.path
-    path = run_dir / "model-init"
+    path = run.model_init
     if not (path / "config.json").exists():
         from clawgym.model import init_model
 
@@ -56,90 +50,124 @@ def _initial_policy(recipe: Recipe, run_dir: Path) -> Path:
     return path
 
 
-def _prepare(recipe: Recipe, resume: bool) -> Path:
-    run_dir = recipe.run_dir
-    saved = run_dir / "recipe.toml"
+def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
+    run = RunLayout(recipe.run_dir)
     text = recipe_to_toml(recipe)
-    if saved.exists() and not resume:
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another [run] name")
-    if saved.exists() and saved.read_text() != text:
-        raise UserError(f"{saved} differs from {recipe.path}: a run resumes with the recipe it started with")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    A.atomic_write_bytes(saved, text.encode())
-    return run_dir
+    if run.recipe.exists() and not resume:
+        raise UserError(f"{run.root} already holds a run; pass --resume to continue it, or choose another [run] name")
+    if run.recipe.exists() and run.recipe.read_text() != text:
+        raise UserError(f"{run.recipe} differs from {recipe.path}: a run resumes with the recipe it started with")
+    run.root.mkdir(parents=True, exist_ok=True)
+    A.atomic_write_bytes(run.recipe, text.encode())
+    return run
 
 
-def run(recipe_path: str | Path, *, resume: bool = False, console: Console | None = None) -> list[A.MetricsLine]:
-    console = console or Console(stderr=True)
+def run(recipe_path: str | Path, *, resume: bool = False, console: Console | None = None,
+        verbose: bool = False) -> list[A.MetricsLine]:
+    """The loop (module docstring). `console` gets one line per step under a progress bar over the
+    steps; with `verbose` every stage also prints its own tables there."""
+    console = console or C.STDERR
+    stages = console if verbose else C.QUIET
     recipe = load_recipe(recipe_path)
-    run_dir = _prepare(recipe, resume)
-    metrics_path = run_dir / "metrics.jsonl"
-    reported = {m.step for m in A.read_metrics(metrics_path)} if metrics_path.exists() else set()
-    policy = _initial_policy(recipe, run_dir)
-    if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
-        from clawgym.coldstart import cold_start, sft_values
-
-        policy = cold_start(recipe, run_dir, policy, console, rollout_config)
-        if 0 not in reported:
-            A.append_metrics(metrics_path, A.MetricsLine(0, sft_values(run_dir), time=time.time()))
-            reported.add(0)
+    run = _prepare(recipe, resume)
+    reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
     first = 1
-    while first <= recipe.run.steps and _complete_checkpoint(checkpoint_dir(run_dir, first)):
-        policy, first = checkpoint_dir(run_dir, first), first + 1
+    while first <= recipe.run.steps and _complete_checkpoint(run.step(first).checkpoint):
+        first += 1
+    from clawgym.sinks import close_sinks, open_sinks
 
-    with _proxy(recipe, run_dir, policy, version=first - 1) as proxy:
-        for step in range(1, recipe.run.steps + 1):
-            sdir, ckpt = step_dir(run_dir, step), checkpoint_dir(run_dir, step)
-            t0, times = time.monotonic(), {}
-            if step >= first:
-                console.rule(f"step {step}/{recipe.run.steps}")
-                # 1. collect
-                if recipe.offline.from_run is not None:
-                    _copy_offline(recipe.offline.from_run, sdir, step)
-                elif not (sdir / "rollouts.parquet").exists():
-                    from clawgym.rollout.runner import run_rollouts
+    sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,
+                       first_step=min([first, *(s for s in range(1, first) if s not in reported)]),
+                       config={"recipe": str(recipe.path), **recipe.train})
 
-                    run_rollouts(rollout_config(recipe, sdir, step, policy_version=step - 1), console, proxy=proxy)
-                times["time/collect_s"] = time.monotonic() - t0
-                # 2. reconstruct
-                t = time.monotonic()
-                if not (sdir / "trees.parquet").exists():
-                    from clawgym.trees import resolve_config, run_build_trees
+    def report(line: A.MetricsLine) -> None:
+        A.append_metrics(run.metrics, line)  # the source of truth first, then the sinks
+        for sink in sinks:
+            sink.write(line)
+        reported.add(line.step)
 
-                    cfg = resolve_config(sdir, None, None, None, recipe.trees.max_leaves, sdir / "trees.metrics.jsonl", step)
-                    run_build_trees(cfg, console)
-                times["time/reconstruct_s"] = time.monotonic() - t
-                # 3. optimize
-                t = time.monotonic()
-                _train_step(recipe, sdir, policy, ckpt, step)
-                times["time/optimize_s"] = time.monotonic() - t
-                # 4. sync
-                t = time.monotonic()
-                if proxy is not None:
-                    proxy.admin("POST", "/admin/reload", {"checkpoint": str(ckpt)}, timeout=600)
-                times["time/sync_s"] = time.monotonic() - t
-            policy = ckpt
-            # 5. report (once per step, also after a resume that found the step already trained)
-            if step not in reported:
-                values = {**step_values(sdir), **times, "time/step_s": time.monotonic() - t0}
-                # 6. evaluate
-                if recipe.eval.every and step % recipe.eval.every == 0 and proxy is not None:
-                    values.update(_evaluate(recipe, run_dir, step, proxy, console))
-                line = A.MetricsLine(step, values, time=time.time())
-                A.append_metrics(metrics_path, line)
-                reported.add(step)
-                _print_step(console, line)
-                from clawgym.plots import write_plots
+    try:
+        policy = _initial_policy(recipe, run)
+        if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
+            from clawgym.coldstart import cold_start, sft_values
 
-                write_plots(run_dir)
+            policy = cold_start(recipe, run, policy, stages, rollout_config)
+            if 0 not in reported:
+                report(A.MetricsLine(0, sft_values(run), time=time.time()))
+        if first > 1:
+            policy = run.step(first - 1).checkpoint
+        with _proxy(recipe, run, policy, version=first - 1) as proxy, \
+                C.StepProgress(console, recipe.run.steps, done=first - 1) as progress:
+            for step in range(1, recipe.run.steps + 1):
+                values = _step(recipe, run, step, policy, proxy, stages, progress, trained=step < first,
+                               report=step not in reported)
+                policy = run.step(step).checkpoint
+                if values is not None:
+                    line = A.MetricsLine(step, values, time=time.time())
+                    report(line)
+                    progress.finished(step, values, None if step < first else values["time/step_s"])
+                    from clawgym.plots import write_plots
+
+                    write_plots(run.root)
+    finally:
+        close_sinks(sinks)
     if recipe.sft.n and recipe.eval.every:
         from clawgym.coldstart import write_table
 
-        write_table(run_dir, console)
-    return A.read_metrics(metrics_path)
+        write_table(run, console)
+    return A.read_metrics(run.metrics)
 
 
-def _proxy(recipe: Recipe, run_dir: Path, policy: Path, version: int):
+def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages: Console, progress: C.StepProgress,
+          *, trained: bool, report: bool) -> dict[str, float] | None:
+    """One step: the stages not yet done, then its metrics line's values (None: already reported)."""
+    sdir = run.step(step)
+    t0, times = time.monotonic(), {}
+
+    def phase(name: str, key: str, work) -> None:
+        progress.phase(step, name)
+        t = time.monotonic()
+        work()
+        times[key] = time.monotonic() - t
+
+    train_values: dict[str, float] = {}
+    if not trained:
+        stages.rule(f"step {step}/{recipe.run.steps}")
+        phase("rollouts", "time/collect_s", lambda: _collect(recipe, sdir, step, proxy, stages))
+        phase("trees", "time/reconstruct_s", lambda: _reconstruct(recipe, sdir, stages))
+        phase("train", "time/optimize_s", lambda: train_values.update(_train_step(recipe, sdir, policy, step, stages)))
+        if proxy is not None:
+            phase("sync", "time/sync_s", lambda: proxy.admin("POST", "/admin/reload", {"checkpoint": str(sdir.checkpoint)}, timeout=600))
+    if not report:
+        return None
+    if trained:  # trained before a resume, not yet reported: its train/ values from the same reduction
+        train_values = _train_step(recipe, sdir, policy, step, stages)
+    values = {**rollout_values(sdir), **trees_values(sdir), **train_values, **times}
+    if recipe.eval.every and step % recipe.eval.every == 0 and proxy is not None:
+        phase("eval", "time/eval_s", lambda: values.update(_evaluate(recipe, run, step, proxy, stages)))
+        values["time/eval_s"] = times["time/eval_s"]
+    values["time/step_s"] = time.monotonic() - t0
+    return values
+
+
+def _collect(recipe: Recipe, sdir: StepLayout, step: int, proxy, stages: Console) -> None:
+    if recipe.offline.from_run is not None:
+        _copy_offline(RunLayout(recipe.offline.from_run).step(step), sdir)
+    elif not sdir.rollouts.exists():
+        from clawgym.rollout.runner import run_rollouts
+
+        run_rollouts(rollout_config(recipe, sdir.path, step, policy_version=step - 1), stages, proxy=proxy)
+
+
+def _reconstruct(recipe: Recipe, sdir: StepLayout, stages: Console) -> None:
+    if not sdir.trees.exists():
+        from clawgym.trees import resolve_config, run_build_trees
+
+        cfg = resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, sdir.step)
+        run_build_trees(cfg, stages)
+
+
+def _proxy(recipe: Recipe, run: RunLayout, policy: Path, version: int):
     """One proxy for the whole run, serving `policy`; none for offline retraining."""
     import contextlib
 
@@ -147,8 +175,8 @@ def _proxy(recipe: Recipe, run_dir: Path, policy: Path, version: int):
         return contextlib.nullcontext(None)
     from clawgym.rollout.proxy_client import start_local_proxy
 
-    cfg = dataclasses.replace(rollout_config(recipe, run_dir, 0, version), model=policy)
-    return start_local_proxy(cfg, run_dir)  # records under RUN/records, copied into each step's folder
+    cfg = dataclasses.replace(rollout_config(recipe, run.root, 0, version), model=policy)
+    return start_local_proxy(cfg, run.records)  # one proxy for the run; copied into each step's records/
 
 
 def rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *, tasks: Path | None = None,
@@ -166,75 +194,69 @@ def rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *,
                          tool_parser=recipe.engine.tool_parser)
 
 
-def _train_step(recipe: Recipe, sdir: Path, policy: Path, ckpt: Path, step: int) -> None:
+def _train_step(recipe: Recipe, sdir: StepLayout, policy: Path, step: int, stages: Console) -> dict[str, float]:
+    """Train step `step` (a complete checkpoint is kept as it is); its train/ metrics, as train() reduces them."""
     from clawgym.train.loop import TrainConfig, train
 
-    if _complete_checkpoint(ckpt):
-        return
     kwargs = {"seed": recipe.run.seed + step, **recipe.train}
     # A batch with nothing to learn (every group flat) still writes the unchanged policy, so the
     # loop goes on; a batch with no trainable token at all (every rollout failed) stops the run.
-    train(TrainConfig(trees=sdir / "trees.parquet", rollouts=sdir / "rollouts.parquet", model=policy, out=ckpt,
-                      metrics=sdir / "train.jsonl", resume=True, **kwargs))
+    result = train(TrainConfig(trees=sdir.trees, rollouts=sdir.rollouts, model=policy, out=sdir.checkpoint,
+                               metrics=sdir.train_metrics, resume=True, **kwargs), stages)
+    return result.metrics
 
 
-def _copy_offline(from_run: Path, sdir: Path, step: int) -> None:
-    src = step_dir(from_run, step)
-    if not (src / "trees.parquet").exists():
-        raise UserError(f"{src}: no trees.parquet to retrain on (the run has fewer steps, or they did not finish)")
-    sdir.mkdir(parents=True, exist_ok=True)
-    for name in ("rollouts.parquet", "calls.parquet", "trees.parquet"):
-        if (src / name).exists() and not (sdir / name).exists():
-            shutil.copy2(src / name, sdir / name)
+def _copy_offline(src: StepLayout, sdir: StepLayout) -> None:
+    if not src.trees.exists():
+        raise UserError(f"{src.path}: no trees.parquet to retrain on (the run has fewer steps, or they did not finish)")
+    sdir.path.mkdir(parents=True, exist_ok=True)
+    for name in ("rollouts", "calls", "trees"):
+        source, dest = getattr(src, name), getattr(sdir, name)
+        if source.exists() and not dest.exists():
+            shutil.copy2(source, dest)
 
 
-def step_values(sdir: Path) -> dict[str, float]:
-    """rollout/ trees/ train/ numbers of a finished step, from its files (also `clawgym inspect` of a
-    run whose stages were chained from the shell, which has no metrics.jsonl lines of its own)."""
-    values: dict[str, float] = {}
-    rollouts = A.read_table(sdir / "rollouts.parquet", A.RolloutRecord)
+def rollout_values(sdir: StepLayout) -> dict[str, float]:
+    """The rollout/ numbers of a step, from its rollouts.parquet."""
+    rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
     scored = [r.reward for r in rollouts if r.reward is not None]
-    values["rollout/n"] = len(rollouts)
-    values["rollout/reward_mean"] = statistics.fmean(scored) if scored else 0.0
-    values["rollout/infra_error"] = sum(r.status == "infra_error" for r in rollouts)
-    values["rollout/timeout"] = sum(r.status == "timeout" for r in rollouts)
+    values: dict[str, float] = {
+        "rollout/n": len(rollouts),
+        "rollout/reward_mean": statistics.fmean(scored) if scored else 0.0,
+        "rollout/reward_std": statistics.pstdev(scored) if scored else 0.0,
+        "rollout/infra_error": sum(r.status == "infra_error" for r in rollouts),
+        "rollout/timeout": sum(r.status == "timeout" for r in rollouts),
+    }
     for h in sorted({r.harness for r in rollouts}):
         hs = [r.reward for r in rollouts if r.harness == h and r.reward is not None]
         values[f"rollout/reward_mean/{h}"] = statistics.fmean(hs) if hs else 0.0
-    for path in (sdir / "trees.metrics.jsonl",):
-        if path.exists():
-            for m in A.read_metrics(path)[-1:]:
-                values.update(m.values)
-    train_path = sdir / "train.jsonl"
-    if train_path.exists():
-        lines = A.read_jsonl(train_path).records
-        for key in sorted({k for r in lines for k in r}):
-            nums = [r[key] for r in lines if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
-            if nums and key not in ("step", "update", "time"):
-                name = key if key.startswith("train/") else f"train/{key}"
-                values[name] = nums[-1] if "tokens" in key or "count" in key else statistics.fmean(nums)
     return values
 
 
-def _evaluate(recipe: Recipe, run_dir: Path, step: int, proxy, console: Console) -> dict[str, float]:
+def trees_values(sdir: StepLayout) -> dict[str, float]:
+    """The trees/ numbers of a step: the line build-trees wrote."""
+    return dict(A.read_metrics(sdir.trees_metrics)[-1].values) if sdir.trees_metrics.exists() else {}
+
+
+def step_values(sdir: StepLayout) -> dict[str, float]:
+    """rollout/ trees/ train/ numbers of a finished step, from its files alone: `clawgym inspect` of a
+    run whose stages were chained from the shell (no metrics.jsonl lines of its own). The train/
+    numbers are reduced by the same table train() uses (train/step_metrics.py)."""
+    from clawgym.train.step_metrics import reduce_updates
+
+    values = {**rollout_values(sdir), **trees_values(sdir)}
+    if sdir.train_metrics.exists():
+        values.update(reduce_updates(A.read_jsonl(sdir.train_metrics).records))
+    return values
+
+
+def _evaluate(recipe: Recipe, run: RunLayout, step: int, proxy, console: Console) -> dict[str, float]:
     from clawgym.eval import evaluate
 
     tasks = recipe.eval.tasks or recipe.rollout.tasks
-    cfg = rollout_config(recipe, run_dir / "eval" / f"step-{step:04d}", 0, step, tasks=tasks, n=recipe.eval.n,
+    cfg = rollout_config(recipe, run.eval(step).path, 0, step, tasks=tasks, n=recipe.eval.n,
                          harnesses=recipe.eval.harnesses or None)
     cfg = dataclasses.replace(cfg, id_prefix=f"e{step:04d}.")
     report = evaluate(cfg, console, proxy=proxy)
     report.print(console)
     return {f"eval/{k}": v for k, v in report.metrics().items()}
-
-
-def _print_step(console: Console, line: A.MetricsLine) -> None:
-    v = line.values
-    parts = [f"step {line.step}", f"reward {v.get('rollout/reward_mean', 0):.3f}"]
-    for key, label in (("train/loss", "loss"), ("train/entropy", "entropy"), ("trees/tree_token_ratio", "tree/calls"),
-                       ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
-                       ("eval/pass@1", "eval"), ("time/step_s", "s")):
-        if key in v:
-            parts.append(f"{v[key]:.0f} s" if label == "s" else f"{label} {v[key]:,.0f}" if "saved" in label
-                         else f"{label} {v[key]:.3f}")
-    console.print("  ".join(parts), highlight=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clawgym import artifacts as A
+from clawgym.layout import RunLayout
 
 # figure name -> (title, y label, metric key prefixes or exact keys)
 FIGURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -38,8 +39,8 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    metrics = run_dir / "metrics.jsonl"
+    run = RunLayout(run_dir)
+    metrics = run.metrics
     if not metrics.exists():
         return []
     lines = A.read_metrics(metrics)
@@ -54,14 +55,14 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
         for key, (xs, ys) in sorted(series.items()):
             ax.plot(xs, ys, marker="o", markersize=3, label=key)
-        ax.set_title(f"{title} — {run_dir.name}")
+        ax.set_title(f"{title} — {run.root.name}")
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if len(series) > 1 or name in ("reward", "eval"):
             ax.legend(fontsize=7)
         fig.tight_layout()
-        path = run_dir / "plots" / f"{name}.png"
+        path = run.plots / f"{name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.png")
         fig.savefig(tmp)

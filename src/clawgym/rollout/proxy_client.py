@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -165,19 +164,21 @@ def sync_weights(url: str, admin_token: str | None, checkpoint: Path, timeout: f
 
 
 @contextlib.contextmanager
-def start_local_proxy(config, out: Path) -> Iterator[ProxyClient]:
-    """A proxy serving `config.model` on a free port of `config.proxy_host` for the length of the run."""
+def start_local_proxy(config, records: Path) -> Iterator[ProxyClient]:
+    """A proxy serving `config.model` on a free port of `config.proxy_host` for the length of the run,
+    recording into `records` (a StepLayout's or RunLayout's records folder)."""
+    from clawgym.console import STDERR
     from clawgym.proxy.server import ProxyConfig, ProxyThread
 
-    records = Path(out) / "records"
+    records = Path(records)
     pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, host=config.proxy_host, port=0,
                      records_dir=records, engine_options=dict(config.engine_options), policy_version=config.policy_version,
                      tool_parser=config.tool_parser, chat_template=config.chat_template)
     with ProxyThread(pc) as thread:
         url = f"http://{reachable_host(config.proxy_host)}:{thread.server.port}"
         server = thread.server
-        print(f"proxy: serving {config.model} ({config.engine}), tool parser {server.tool_parser}: "
-              f"{server.tool_parser_source}", file=sys.stderr)
+        STDERR.print(f"proxy: serving {config.model} ({config.engine}), tool parser {server.tool_parser}: "
+                     f"{server.tool_parser_source}", highlight=False, soft_wrap=True)
         yield ProxyClient(url, thread.server.admin_token, records, Path(config.model))
 
 

@@ -49,7 +49,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clawgym import artifacts as A
+from clawgym.console import STDERR
 from clawgym.errors import UserError
+from clawgym.layout import StepLayout
 from clawgym.rollout.failure import Evidence, root_cause
 from clawgym.rollout.harnesses import HARNESSES, Endpoint, Harness
 from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable, start_local_proxy
@@ -178,12 +180,12 @@ def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
 
 def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: ProxyClient | None = None) -> RolloutSummary:
     """Run every planned rollout (see the module docstring); `proxy` reuses a running proxy."""
-    console = console or Console(stderr=True)
+    console = console or STDERR
     tasks, harnesses = _load(config)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    A.write_config(out / "rollout.config.json", config)
-    results_path = out / "results.jsonl"
+    out = StepLayout(Path(config.out))
+    out.path.mkdir(parents=True, exist_ok=True)
+    A.write_config(out.rollout_config, config)
+    results_path = out.results
     done = {r["rollout_id"]: r for r in A.read_jsonl(results_path).records} if results_path.exists() else {}
     prefix = config.id_prefix or (f"s{config.step:04d}." if config.step else "")
     plans = [_Plan(t, h, i, prefix) for t in tasks for h in config.harnesses for i in range(config.n)]
@@ -194,12 +196,12 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     if proxy is not None:
         context = contextlib.nullcontext(proxy)
     else:
-        context = start_local_proxy(config, out) if config.model else ProxyClient.connect(config)
+        context = start_local_proxy(config, out.records) if config.model else ProxyClient.connect(config)
     with context as proxy:
         for p in todo:  # a rollout that did not finish last time starts from scratch
             proxy.discard_records(p.rollout_id)
         results = A.JsonlWriter(results_path)
-        transcripts = A.JsonlWriter(out / "transcripts.jsonl")
+        transcripts = A.JsonlWriter(out.transcripts)
         state = _Progress(console, len(plans), len(done))
         open_sandboxes: dict[str, Any] = {}
         lock = threading.Lock()
@@ -244,11 +246,11 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
             results.close()
             transcripts.close()
         rollouts = [A.rows_from_dicts([done[p.rollout_id]], A.RolloutRecord, results_path)[0] for p in plans if p.rollout_id in done]
-        calls = proxy.collect_calls([r.rollout_id for r in rollouts], copy_to=out / "records")
+        calls = proxy.collect_calls([r.rollout_id for r in rollouts], copy_to=out.records)
     calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, config.model or proxy.model_dir)
-    A.write_table(out / "calls.parquet", calls, A.CallRecord)
-    A.write_table(out / "rollouts.parquet", rollouts, A.RolloutRecord)
-    return RolloutSummary(out, rollouts, len(calls), time.monotonic() - t0)
+    A.write_table(out.calls, calls, A.CallRecord)
+    A.write_table(out.rollouts, rollouts, A.RolloutRecord)
+    return RolloutSummary(out.path, rollouts, len(calls), time.monotonic() - t0)
 
 
 def _record(plan: _Plan, config: RolloutConfig, **fields: Any) -> A.RolloutRecord:

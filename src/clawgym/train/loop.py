@@ -20,19 +20,24 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 import torch
+from rich.console import Console
+
+from clawgym import console as shared_console
 
 from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, RolloutRecord, read_jsonl, read_table
 from clawgym.errors import UserError
+from clawgym.layout import StepLayout
 from clawgym.train import checkpoint as ckpt
 from clawgym.train import lora
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
 from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
+from clawgym.train.step_metrics import reduce_updates
 from clawgym.train.support import check_config, self_test, sliding_window
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
@@ -55,7 +60,7 @@ class TrainConfig:
     algo: str = "grpo"
     """grpo | ppo | sft"""
     metrics: Path | None = None
-    """train.jsonl; default: beside trees.parquet"""
+    """train.jsonl; default: beside trees.parquet (StepLayout.train_metrics)"""
     lr: float = 1e-5
     epochs: int = 1
     """passes over the batch; logp_old stays the policy's before the first update"""
@@ -104,6 +109,9 @@ class TrainResult:
     rollouts: int
     trainable_tokens: int
     last: dict[str, float]
+    """the last update's train.jsonl line"""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """the step's train/ metrics: every update's line reduced by step_metrics.REDUCTIONS"""
 
 
 def _check(cfg: TrainConfig) -> None:
@@ -167,18 +175,23 @@ def _score_all(module, trees: list[PackedTree], budget: int, attention: str, acc
     return out
 
 
-def train(cfg: TrainConfig) -> TrainResult:
+def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
+    """Train on one step's trees (phases in the module docstring); `console` gets the progress lines
+    (default: the shared stderr console; `clawgym run` passes a quiet one unless --verbose)."""
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM
 
     _check(cfg)
+    console = console or shared_console.STDERR
     out = Path(cfg.out)
+    metrics_path = Path(cfg.metrics) if cfg.metrics else StepLayout(Path(cfg.trees).parent).train_metrics
     ckpt.recover(out)
     prior = ckpt.load_state(out) if out.exists() else None
     if prior is not None and prior.complete and cfg.resume and not cfg.force:
         # A resumed run (`clawgym run` after a kill) finds this step already trained: nothing to redo.
-        print(f"{out}: already complete ({prior.updates_done} updates); nothing to resume")
-        return TrainResult(out, prior.updates_done, len(prior.rollout_ids), 0, {})
+        console.print(f"{out}: already complete ({prior.updates_done} updates); nothing to resume", highlight=False)
+        lines = read_jsonl(metrics_path).records if metrics_path.exists() else []
+        return TrainResult(out, prior.updates_done, len(prior.rollout_ids), 0, {}, reduce_updates(lines))
     if prior is not None and prior.complete and not cfg.force:
         raise UserError(f"{out}: already holds a complete checkpoint; pass --force to overwrite it")
     if out.exists() and any(out.iterdir()) and prior is None and not cfg.force:
@@ -221,9 +234,9 @@ def train(cfg: TrainConfig) -> TrainResult:
     except UserError as e:
         raise UserError(f"{cfg.trees}: {e}") from None
     T_total = sum(t.n_trainable for t in trees)
-    print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
+    console.print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
           f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
-          f"{n_zero_var_groups}/{len(groups)} zero-variance groups")
+          f"{n_zero_var_groups}/{len(groups)} zero-variance groups", highlight=False)
 
     # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
     #    The architecture is checked from its config first, then by a packed-vs-per-path self-test.
@@ -262,7 +275,6 @@ def train(cfg: TrainConfig) -> TrainResult:
         ckpt.load_optimizer(value_opt, src / VALUE_DIR / ckpt.OPTIMIZER_FILE)
         value, value_opt = accelerator.prepare(value, value_opt)
     dev = accelerator.device
-    metrics_path = Path(cfg.metrics) if cfg.metrics else Path(cfg.trees).parent / "train.jsonl"
 
     def save(epochs_done: int, updates_done: int, batch: dict) -> None:
         state = ckpt.TrainerState(cfg.algo, cfg.epochs, epochs_done, updates_done, epochs_done == cfg.epochs, chosen)
@@ -276,11 +288,12 @@ def train(cfg: TrainConfig) -> TrainResult:
         # Nothing to learn this step (all groups zero-variance, or no rollout above --min-reward):
         # the policy is written unchanged so the loop can go on, and the metrics say why.
         save(cfg.epochs, 0, {})
+        line = MetricsLine(0, {"train/rollouts": 0.0, "train/zero_var_groups": float(n_zero_var_groups),
+                               "train/groups": float(len(groups))}, time.time())
         with JsonlWriter(metrics_path) as w:
-            w.append(MetricsLine(0, {"train/rollouts": 0.0, "train/zero_var_groups": float(n_zero_var_groups),
-                                     "train/groups": float(len(groups))}, time.time()).to_json())
-        print(f"nothing to learn: wrote the unchanged policy to {out}")
-        return TrainResult(out, 0, 0, 0, {})
+            w.append(line.to_json())
+        console.print(f"nothing to learn: wrote the unchanged policy to {out}", highlight=False)
+        return TrainResult(out, 0, 0, 0, {}, reduce_updates([line.values]))
 
     # 5) logp_old (and logp_ref, V_old) from the same packed forward before any update.
     budget = cfg.token_budget
@@ -315,6 +328,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
             advantages = list(flat.split([t.n_trainable for t in trees]))
 
+    kept: list[dict] = []  # this call's earlier updates (a resumed call): they count in the step's metrics
     if resuming and metrics_path.exists():
         # Lines written after the checkpoint we resume from would be repeated: drop them.
         kept = [r for r in read_jsonl(metrics_path).records if r.get("train/update", 0) <= prior.updates_done]
@@ -325,6 +339,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     writer = JsonlWriter(metrics_path)
     update = prior.updates_done if resuming else 0
     last: dict[str, float] = {}
+    updates: list[dict] = list(kept)
     for epoch in range(prior.epochs_done if resuming else 0, cfg.epochs):
         order = torch.randperm(len(trees), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
         n_mb = min(cfg.minibatches, len(trees))
@@ -392,12 +407,14 @@ def train(cfg: TrainConfig) -> TrainResult:
                 vals["train/value_warmup_loss_first"], vals["train/value_warmup_loss_last"] = warmup_losses[0], warmup_losses[-1]
             writer.append(MetricsLine(update, vals, time.time()).to_json())
             last = vals
-            print(f"update {update} | loss {vals['train/loss']:.4f} | clip {vals['train/clip_frac']:.3f} | "
-                  f"entropy {vals['train/entropy']:.3f} | grad {grad_norm:.3f} | {vals['train/tokens_per_s']:.0f} tok/s")
+            updates.append(vals)
+            console.print(f"update {update} | loss {vals['train/loss']:.4f} | clip {vals['train/clip_frac']:.3f} | "
+                          f"entropy {vals['train/entropy']:.3f} | grad {grad_norm:.3f} | {vals['train/tokens_per_s']:.0f} tok/s",
+                          highlight=False)
         # 9) Checkpoint after every epoch (atomic); the last one is marked complete.
         save(epoch + 1, update, batch)
     writer.close()
-    return TrainResult(out, update, len(trees), T_total, last)
+    return TrainResult(out, update, len(trees), T_total, last, reduce_updates(updates))
 
 
 def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights) -> float:

@@ -8,7 +8,6 @@ column buffers, so memory holds the input, the output, and one rollout's trie.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from clawgym.artifacts import (
     read_arrow, read_table, write_config, write_table,
 )
 from clawgym.errors import UserError
+from clawgym.layout import StepLayout, config_beside
 from clawgym.trees.build import CallView, Node, TreeBuilder
 from clawgym.trees.filter import filter_tree
 from clawgym.trees.stats import RolloutTreeStats, TreeStats
@@ -78,14 +78,13 @@ def resolve_config(step_dir: Path | None, calls: Path | None, rollouts: Path | N
     if step_dir is not None:
         if not step_dir.is_dir():
             raise UserError(f"{step_dir}: not a directory (expected a step directory holding calls.parquet and rollouts.parquet)")
-        calls = calls or step_dir / "calls.parquet"
-        rollouts = rollouts or step_dir / "rollouts.parquet"
-        out = out or step_dir / "trees.parquet"
-        match = re.fullmatch(r"step-(\d+)", step_dir.resolve().name)
-        if match:
-            # The run layout (docs/architecture.md, "The run directory"): metrics.jsonl lives in the run directory above the steps.
-            metrics = metrics or step_dir.resolve().parent / "metrics.jsonl"
-            step = int(match.group(1)) if step is None else step
+        folder = StepLayout(step_dir)
+        calls, rollouts, out = calls or folder.calls, rollouts or folder.rollouts, out or folder.trees
+        found = folder.in_run()
+        if found is not None:  # a loop step's folder: its trees/ line goes to the run's metrics.jsonl
+            run, number = found
+            metrics = metrics or run.metrics
+            step = number if step is None else step
     missing = [flag for flag, value in (("--calls", calls), ("--rollouts", rollouts), ("--out", out)) if value is None]
     if missing:
         raise UserError(f"give a STEP_DIR or all of --calls, --rollouts and --out (missing: {', '.join(missing)})")
@@ -111,7 +110,7 @@ def run_build_trees(config: BuildTreesConfig, console: Console) -> TreeStats:
     del calls
     out = Path(config.out)
     write_table(out, built.table, TreeNode)
-    write_config(out.with_name(out.stem + ".config.json"), config)
+    write_config(config_beside(out), config)
 
     built.stats.print(console)
     if config.metrics:

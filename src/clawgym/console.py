@@ -1,0 +1,101 @@
+"""The one console every stage prints through, and what `clawgym run` prints per step.
+
+Everything human-readable goes to stderr through `STDERR` (a rich Console that looks up sys.stderr
+at print time, so captured and redirected streams work); stdout is left to a command's result
+(its summary line, or its `--json` object). A stage takes a console argument: the stage commands
+pass `STDERR` and print their tables; `clawgym run` passes `QUIET` unless --verbose, and prints one
+line per step (`step_line`) under one progress bar over the steps (`StepProgress`).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+STDERR = Console(stderr=True)
+QUIET = Console(stderr=True, quiet=True)
+"""a console that prints nothing: the stages' tables under `clawgym run` without --verbose"""
+
+# (metrics key, label) of the phase timings the loop records, in pipeline order
+PHASES = (("time/collect_s", "rollout"), ("time/reconstruct_s", "trees"), ("time/optimize_s", "train"),
+          ("time/sync_s", "sync"), ("time/eval_s", "eval"))
+
+
+def stage_console(verbose: bool) -> Console:
+    """The console a stage run by the loop prints its tables to."""
+    return STDERR if verbose else QUIET
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: 42s, 3m05s, 2h14m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | None) -> str:
+    """One readable line of a step's metrics.jsonl values, e.g.
+
+    step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
+    | rollout 86s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
+    """
+    v = values
+    parts = [f"step {step}/{steps}", f"reward {v.get('rollout/reward_mean', 0.0):.3f} ± {v.get('rollout/reward_std', 0.0):.3f}"]
+    if "eval/pass@1" in v:
+        parts.append(f"pass@1 {v['eval/pass@1']:.3f}")
+    if "train/kl_ref" in v:
+        parts.append(f"kl {v['train/kl_ref']:.4f}")
+    elif "train/mismatch_abs" in v:
+        parts.append(f"mismatch {v['train/mismatch_abs']:.4f}")
+    if "train/clip_frac" in v:
+        parts.append(f"clip {v['train/clip_frac']:.3f}")
+    if "train/grad_norm" in v:
+        parts.append(f"grad {v['train/grad_norm']:.2f}")
+    if "train/tokens_per_s" in v:
+        parts.append(f"{v['train/tokens_per_s']:,.0f} tok/s")
+    phases = [f"{label} {duration(v[key])}" for key, label in PHASES if key in v]
+    line = "  ".join(parts)
+    if phases:
+        line += " | " + "  ".join(phases)
+    if eta_s is not None:
+        line += f" | ETA {duration(eta_s)}"
+    return line
+
+
+class StepProgress:
+    """One progress bar over a run's steps; step lines print above it, the current phase beside it."""
+
+    def __init__(self, console: Console, steps: int, done: int):
+        self.console, self.steps = console, steps
+        self.progress = Progress(TextColumn("[bold]steps"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.bar = self.progress.add_task("", total=steps, completed=done)
+        self.timed: list[float] = []  # seconds of the steps run in this process (resumed ones excluded)
+
+    def __enter__(self) -> StepProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def phase(self, step: int, name: str) -> None:
+        eta = self.eta(step - 1)
+        self.progress.update(self.bar, description=f"step {step}: {name}" + (f"  ETA {duration(eta)}" if eta is not None else ""))
+
+    def eta(self, done: int) -> float | None:
+        """Seconds left after `done` steps, from the mean time of the steps this process ran."""
+        if not self.timed:
+            return None
+        return (self.steps - done) * sum(self.timed) / len(self.timed)
+
+    def finished(self, step: int, values: dict[str, float], seconds: float | None) -> None:
+        """Print the step's line and advance; `seconds` None: the step was trained before a resume."""
+        if seconds is not None:
+            self.timed.append(seconds)
+        self.progress.update(self.bar, completed=step, description="")
+        self.console.print(step_line(step, self.steps, values, self.eta(step) if step < self.steps else None),
+                           highlight=False, soft_wrap=True)
