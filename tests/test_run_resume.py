@@ -159,9 +159,11 @@ def test_eval_inside_the_loop_and_standalone(tmp_path: Path) -> None:
 
     recipe = write_recipe(tmp_path, "evals", steps=1, n=2)
     recipe.write_text(recipe.read_text() + "\n[eval]\nevery = 1\nn = 2\n")
-    proc = clawgym_run(recipe)
+    proc = clawgym_run(recipe, "--verbose")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-2000:]
+    for table in ("trees per rollout", "train grpo:", "update 1 |", "Pass@1 (%) by category", "step 1/1  reward"):
+        assert table in err.decode()  # --verbose: every stage's tables, and the step line
     run_dir = tmp_path / "runs" / "evals"
     values = A.read_metrics(run_dir / "metrics.jsonl")[0].values
     assert 0.0 <= values["eval/pass@1"] <= 1.0 and "eval/pass@1/numbers" in values
