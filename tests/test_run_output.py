@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.console import step_line
+from clawgym.console import cold_start_line, step_line
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout, parse_step_name, step_name
 from clawgym.train.step_metrics import REDUCTIONS, reduce_updates
@@ -50,6 +50,9 @@ def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> Non
                     " | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s")
     with_kl = step_line(1, 1, {**values, "train/kl_ref": 0.25}, eta_s=None)
     assert "kl 0.2500" in with_kl and "mismatch" not in with_kl and "ETA" not in with_kl
+    sft = {"rollout/teacher_reward_mean": 1.0, "train/sft_loss_first": 2.5, "train/sft_loss_last": 0.5,
+           "eval/base/pass@1": 0.1, "eval/pass@1": 0.8}
+    assert cold_start_line(sft) == "step 0 (SFT cold start)  teacher reward 1.000  sft loss 2.500 → 0.500  pass@1 0.100 → 0.800"
 
 
 def test_the_run_layout_names_every_path_once(tmp_path: Path) -> None:

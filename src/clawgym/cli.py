@@ -20,6 +20,7 @@ from rich.console import Console
 from clawgym import __version__
 from clawgym.console import STDERR
 from clawgym.errors import UserError
+from clawgym.layout import StepLayout
 
 app = typer.Typer(
     name="clawgym",
@@ -299,7 +300,6 @@ def train(
 
     Example: clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
     """
-    from clawgym.layout import StepLayout
     from clawgym.train.loop import TrainConfig, train as _train
 
     if trees is None or rollouts is None:
@@ -399,8 +399,8 @@ def eval_(
         scores.print(Console())
         if verifier.judge is None:
             typer.echo("no judge configured: code scores only")
-        report(f"Pass@1 {100 * scores.overall:.1f}%; wrote {out / 'eval.md'} and {out / 'eval.json'}",
-               {"out": out.resolve(), "eval_json": (out / "eval.json").resolve(), "pass@1": scores.overall,
+        report(f"Pass@1 {100 * scores.overall:.1f}%; wrote {StepLayout(out).eval_md} and {StepLayout(out).eval_json}",
+               {"out": out.resolve(), "eval_json": StepLayout(out).eval_json.resolve(), "pass@1": scores.overall,
                 "per_category": scores.per_category(), "excluded": scores.excluded, "judge": verifier.judge is not None})
 
 

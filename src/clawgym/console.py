@@ -9,21 +9,25 @@ line per step (`step_line`) under one progress bar over the steps (`StepProgress
 
 from __future__ import annotations
 
+import io
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 STDERR = Console(stderr=True)
-QUIET = Console(stderr=True, quiet=True)
-"""a console that prints nothing: the stages' tables under `clawgym run` without --verbose"""
+QUIET = Console(file=io.StringIO(), quiet=True)
+"""a console that prints nothing: the stages' tables under `clawgym run` without --verbose (not a
+terminal, so a stage's progress bar on it does not capture what other code prints to stderr)"""
 
 # (metrics key, label) of the phase timings the loop records, in pipeline order
 PHASES = (("time/collect_s", "rollout"), ("time/reconstruct_s", "trees"), ("time/optimize_s", "train"),
           ("time/sync_s", "sync"), ("time/eval_s", "eval"))
 
 
-def stage_console(verbose: bool) -> Console:
-    """The console a stage run by the loop prints its tables to."""
-    return STDERR if verbose else QUIET
+# (metrics key, format) of the step line's optional figures; the KL to a reference policy, when
+# trained with one, replaces the rollout-trainer mismatch
+FIELDS = (("eval/pass@1", "pass@1 {:.3f}"), ("train/kl_ref", "kl {:.4f}"), ("train/mismatch_abs", "mismatch {:.4f}"),
+          ("train/clip_frac", "clip {:.3f}"), ("train/grad_norm", "grad {:.2f}"), ("train/tokens_per_s", "{:,.0f} tok/s"))
 
 
 def duration(seconds: float) -> str:
@@ -40,22 +44,12 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     """One readable line of a step's metrics.jsonl values, e.g.
 
     step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
-    | rollout 86s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
+    | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
     """
     v = values
     parts = [f"step {step}/{steps}", f"reward {v.get('rollout/reward_mean', 0.0):.3f} ± {v.get('rollout/reward_std', 0.0):.3f}"]
-    if "eval/pass@1" in v:
-        parts.append(f"pass@1 {v['eval/pass@1']:.3f}")
-    if "train/kl_ref" in v:
-        parts.append(f"kl {v['train/kl_ref']:.4f}")
-    elif "train/mismatch_abs" in v:
-        parts.append(f"mismatch {v['train/mismatch_abs']:.4f}")
-    if "train/clip_frac" in v:
-        parts.append(f"clip {v['train/clip_frac']:.3f}")
-    if "train/grad_norm" in v:
-        parts.append(f"grad {v['train/grad_norm']:.2f}")
-    if "train/tokens_per_s" in v:
-        parts.append(f"{v['train/tokens_per_s']:,.0f} tok/s")
+    shown = [key for key, _ in FIELDS if key in v and not (key == "train/mismatch_abs" and "train/kl_ref" in v)]
+    parts += [fmt.format(v[key]) for key, fmt in FIELDS if key in shown]
     phases = [f"{label} {duration(v[key])}" for key, label in PHASES if key in v]
     line = "  ".join(parts)
     if phases:
@@ -63,6 +57,17 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     if eta_s is not None:
         line += f" | ETA {duration(eta_s)}"
     return line
+
+
+def cold_start_line(values: dict[str, float]) -> str:
+    """The step-0 line after an [sft] cold start: teacher reward, SFT loss, Pass@1 before and after."""
+    v = values
+    parts = [f"step 0 (SFT cold start)  teacher reward {v.get('rollout/teacher_reward_mean', 0.0):.3f}"]
+    if "train/sft_loss_first" in v:
+        parts.append(f"sft loss {v['train/sft_loss_first']:.3f} → {v['train/sft_loss_last']:.3f}")
+    if "eval/base/pass@1" in v and "eval/pass@1" in v:
+        parts.append(f"pass@1 {v['eval/base/pass@1']:.3f} → {v['eval/pass@1']:.3f}")
+    return "  ".join(parts)
 
 
 class StepProgress:

@@ -17,6 +17,7 @@ An `[offline] from_run` recipe skips collecting and trains on that run's saved t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import statistics
@@ -91,9 +92,12 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
         if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
             from clawgym.coldstart import cold_start, sft_values
 
-            policy = cold_start(recipe, run, policy, stages, rollout_config)
+            with console.status("SFT cold start: teacher rollouts, SFT, evaluations") if not verbose else contextlib.nullcontext():
+                policy = cold_start(recipe, run, policy, stages, rollout_config)
             if 0 not in reported:
-                report(A.MetricsLine(0, sft_values(run), time=time.time()))
+                line = A.MetricsLine(0, sft_values(run), time=time.time())
+                report(line)
+                console.print(C.cold_start_line(line.values), highlight=False, soft_wrap=True)
         if first > 1:
             policy = run.step(first - 1).checkpoint
         with _proxy(recipe, run, policy, version=first - 1) as proxy, \
@@ -169,8 +173,6 @@ def _reconstruct(recipe: Recipe, sdir: StepLayout, stages: Console) -> None:
 
 def _proxy(recipe: Recipe, run: RunLayout, policy: Path, version: int):
     """One proxy for the whole run, serving `policy`; none for offline retraining."""
-    import contextlib
-
     if recipe.offline.from_run is not None:
         return contextlib.nullcontext(None)
     from clawgym.rollout.proxy_client import start_local_proxy

@@ -127,13 +127,14 @@ class RolloutSummary:
         import pyarrow.parquet as pq
 
         rewards = [r.reward for r in self.rollouts if r.reward is not None]
-        calls = Path(self.out) / "calls.parquet"
+        out = StepLayout(Path(self.out))
+        calls = out.calls
         versions = sorted(set(pq.read_table(calls, columns=["policy_version"]).column(0).to_pylist())) if calls.exists() else []
         return {"out": Path(self.out).resolve(), "rollouts": len(self.rollouts), "status": self.status_counts(),
                 "scored": len(rewards), "mean_reward": self.mean_reward,
                 "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else None, "calls": self.n_calls,
                 "policy_versions": versions, "wall_time_s": round(self.wall_time_s, 3),
-                "rollouts_parquet": (Path(self.out) / "rollouts.parquet").resolve(), "calls_parquet": calls.resolve()}
+                "rollouts_parquet": out.rollouts.resolve(), "calls_parquet": calls.resolve()}
 
 
 @dataclass(frozen=True)
