@@ -22,6 +22,7 @@ import dataclasses
 import shutil
 import statistics
 import time
+import tomllib
 from pathlib import Path
 
 from rich.console import Console
@@ -79,7 +80,7 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,
                        first_step=min([first, *(s for s in range(1, first) if s not in reported)]),
-                       config={"recipe": str(recipe.path), **recipe.train})
+                       config=tomllib.loads(run.recipe.read_text()))  # the resolved recipe, plain values
 
     def report(line: A.MetricsLine) -> None:
         A.append_metrics(run.metrics, line)  # the source of truth first, then the sinks

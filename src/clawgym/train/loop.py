@@ -28,7 +28,6 @@ import torch
 from rich.console import Console
 
 from clawgym import console as shared_console
-
 from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, RolloutRecord, read_jsonl, read_table
 from clawgym.errors import UserError
 from clawgym.layout import StepLayout
@@ -235,8 +234,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
         raise UserError(f"{cfg.trees}: {e}") from None
     T_total = sum(t.n_trainable for t in trees)
     console.print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
-          f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
-          f"{n_zero_var_groups}/{len(groups)} zero-variance groups", highlight=False)
+                  f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
+                  f"{n_zero_var_groups}/{len(groups)} zero-variance groups", highlight=False)
 
     # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
     #    The architecture is checked from its config first, then by a packed-vs-per-path self-test.
