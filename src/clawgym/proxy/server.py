@@ -352,6 +352,7 @@ class ProxyServer:
             prompt_base_call=plan.base_call, prompt_base_len=plan.base_len if plan.base_call else 0, role=r.role,
             status=call.status, error=call.error, stream=call.req.stream, tool_names=[t.qualified_name for t in call.req.tools],
             system_hash=call.req.system_hash(), sampling_json=call.req.sampling_json(), render_mode=plan.mode,
+            normalized_json=orjson.dumps(call.req.normalized).decode() if call.req.normalized else "{}",
         )
         try:
             await self.recorder.record(rec)
