@@ -98,7 +98,6 @@ def parse(body: Any, *, count_only: bool = False) -> ChatRequest:
     )
 
 
-
 def _message(m: Any, where: str) -> list[Message]:
     require(isinstance(m, dict), f"{where} must be an object", where)
     role, content = m.get("role"), m.get("content")
