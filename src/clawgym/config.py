@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.errors import UserError
+from clawgym.fields import help_of, option
+from clawgym.rollout.config import HARNESS_NAMES, RolloutConfig
 from clawgym.templates import SHIPPED, load_chat_template
+from clawgym.train.config import TrainConfig
 
 
 @dataclass
@@ -59,18 +62,29 @@ class EngineSection:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class RolloutSection:
-    tasks: Path | None = None
-    harnesses: list[str] = field(default_factory=lambda: ["agentloop"])
-    n: int = 8
-    concurrency: int = 8
-    timeout: float | None = None
-    sandbox: str = "local"
-    network: str = "auto"
-    judge_url: str | None = None
-    judge_model: str = "judge"
-    harness_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+# [rollout]: RolloutConfig's own fields (names, types, help), with the recipe's defaults; the loop
+# fills the rest (out, step, the engine's and Ray's from their sections). Two keys build the verifier.
+ROLLOUT_KEYS = {"tasks": None, "harnesses": ["agentloop"], "n": 8, "concurrency": 8, "timeout_s": None, "sandbox": "local",
+                "network": "auto", "harness_options": {}}
+RENAMED_KEYS = {"rollout": {"timeout": "timeout_s"}}
+"""recipe keys that were renamed to their stage config's field: the old name still loads"""
+
+
+def _rollout_field(f: dataclasses.Field) -> tuple[str, Any, Any]:
+    default = ROLLOUT_KEYS[f.name]
+    kind = Path | None if f.name == "tasks" else f.type  # the section may leave tasks to [offline]
+    if isinstance(default, (list, dict)):
+        return f.name, kind, option(help=help_of(f), factory=lambda d=default: type(d)(d))
+    return f.name, kind, option(default, help_of(f))
+
+
+RolloutSection = dataclasses.make_dataclass("RolloutSection", [
+    *(_rollout_field(f) for f in dataclasses.fields(RolloutConfig) if f.name in ROLLOUT_KEYS),
+    ("judge_url", "str | None", option(None, "an OpenAI-compatible rubric judge; without one, code scores only")),
+    ("judge_model", "str", option("judge", "the model name the judge is asked for")),
+])
+RolloutSection.__doc__ = "[rollout]: fields of RolloutConfig (rollout/config.py) with the recipe's defaults, plus the judge."
+RolloutSection.__module__ = __name__
 
 
 @dataclass
@@ -168,13 +182,17 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset()) -> Any:
-    hints = typing.get_type_hints(cls)
+def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(), renamed: dict[str, str] | None = None) -> Any:
+    hints = typing.get_type_hints(cls, globalns=globals())
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in table.items():
         if key in extra_ok:
             continue
+        if renamed and key in renamed:
+            if renamed[key] in table:
+                raise UserError(f"{where}: give '{renamed[key]}' only ('{key}' is its old name)")
+            key = renamed[key]
         if key not in known:
             raise UserError(f"{where}: unknown key '{key}'; known: {', '.join(sorted(known))}")
         kwargs[key] = _check_type(value, hints[key], f"{where} key '{key}'")
@@ -182,9 +200,6 @@ def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    from clawgym.rollout.harnesses import HARNESSES
-    from clawgym.train.loop import TrainConfig
-
     path = Path(path).resolve()
     if not path.is_file():
         raise UserError(f"{path}: no such recipe file")
@@ -200,13 +215,13 @@ def load_recipe(path: str | Path) -> Recipe:
         table = doc.get(name, {})
         if not isinstance(table, dict):
             raise UserError(f"{path}: [{name}] must be a table")
-        extra = set(HARNESSES) if name == "rollout" else set()
+        extra = set(HARNESS_NAMES) if name == "rollout" else set()
         if name == "engine":
             sections[name] = _engine_section(table, f"{path} [engine]")
             continue
-        sections[name] = _section(cls, table, f"{path} [{name}]", extra)
+        sections[name] = _section(cls, table, f"{path} [{name}]", extra, RENAMED_KEYS.get(name))
         if name == "rollout":
-            sections[name].harness_options = {h: table[h] for h in HARNESSES if isinstance(table.get(h), dict)}
+            sections[name].harness_options = {h: table[h] for h in HARNESS_NAMES if isinstance(table.get(h), dict)}
     train = doc.get("train", {})
     tc_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     hints = typing.get_type_hints(TrainConfig)
@@ -217,7 +232,7 @@ def load_recipe(path: str | Path) -> Recipe:
         train[key] = _check_type(value, hints[key], f"{path} [train] key '{key}'")
     recipe = Recipe(path=path, train=train, **sections)
     _resolve_paths(recipe)
-    _validate(recipe, HARNESSES)
+    _validate(recipe, HARNESS_NAMES)
     return recipe
 
 
@@ -248,7 +263,7 @@ def _resolve_paths(r: Recipe) -> None:
         r.engine.chat_template = str((base / template).resolve())
 
 
-def _validate(r: Recipe, harnesses: dict) -> None:
+def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     where = str(r.path)
     if (r.model.path is None) == (r.model.init is None):
         raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small)")
