@@ -499,7 +499,7 @@ def tasks_validate(
     """
     from clawgym.artifacts import atomic_write_bytes
     from clawgym.rollout.sandbox import SandboxConfig
-    from clawgym.tasks.validate import print_report, validate_tasks
+    from clawgym.rollout.validate import print_report, validate_tasks
 
     with err.status(f"validating tasks in {path}"):
         report = validate_tasks(path, sandbox=sandbox, sandbox_config=SandboxConfig(network=network), jobs=jobs)

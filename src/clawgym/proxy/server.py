@@ -34,7 +34,8 @@ import orjson
 from aiohttp import web
 
 from clawgym.artifacts import CallRecord
-from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling, make_engine
+from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling
+from clawgym.engines.registry import make_engine
 from clawgym.proxy import anthropic, openai_chat, openai_responses
 from clawgym.proxy.admin import Metrics, secret_matches
 from clawgym.proxy.conversation import ConversationLog
