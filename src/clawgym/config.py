@@ -46,7 +46,7 @@ class RunSection:
 @dataclass
 class ModelSection:
     path: Path | None = option(None, "the starting policy: an HF model directory (give this or `init`)")
-    init: str | None = option(None, "make the starting policy with init-model: tiny | small")
+    init: str | None = option(None, "or make it with init-model (tiny | small) into RUN/model-init")
     init_seed: int = option(0, "init-model's seed")
 
 
@@ -85,7 +85,7 @@ RolloutSection.__module__ = __name__
 
 @dataclass
 class TreesSection:
-    max_leaves: int = option(64, "the most leaves one prefix tree holds (trees/)")
+    max_leaves: int = option(64, "a rollout whose tree has more leaves than this is dropped")
 
 
 @dataclass
