@@ -45,7 +45,9 @@ def _with_fields(command: Callable, config: type, optional: dict[str, str]) -> N
 
     sig = inspect.signature(command)
     fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    command.__signature__ = sig.replace(parameters=fixed + cli_parameters(config, optional=optional))
+    arguments = [p for p in fixed if isinstance(p.default, typer.models.ArgumentInfo)]
+    rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed if p not in arguments]  # e.g. --json, after the fields
+    command.__signature__ = sig.replace(parameters=arguments + cli_parameters(config, optional=optional) + rest)
 
 
 @contextlib.contextmanager
@@ -281,7 +283,7 @@ def train(
 
     Example: clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
     """
-    from clawgym.train.loop import TrainConfig, train as _train
+    from clawgym.train.loop import train as _train
 
     trees, rollouts = options.pop("trees"), options.pop("rollouts")
     if trees is None or rollouts is None:

@@ -52,7 +52,8 @@ def cli_parameters(cls: type, *, skip: set[str] = frozenset(), optional: dict[st
     """Keyword parameters of a Typer command, one `--field-name` option per field of `cls`.
 
     `skip` leaves fields out (the command fills them); `optional` makes required fields optional on
-    the command line, with the given help (the command derives them when not given)."""
+    the command line, with the given help (the command derives them when not given). A field
+    without help still gets its option; tests/test_structure.py asks every field for help."""
     import typer
 
     optional = optional or {}
@@ -61,8 +62,6 @@ def cli_parameters(cls: type, *, skip: set[str] = frozenset(), optional: dict[st
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        if not help_of(f):
-            raise TypeError(f"{cls.__name__}.{f.name} has no help text: declare it with clawgym.fields.option(default, help)")
         kind, _ = _optional(hints[f.name])
         default = default_of(f)
         help_text = optional.get(f.name, help_of(f))
