@@ -33,6 +33,7 @@ from clawgym.rollout.config import RolloutConfig
 from clawgym.rollout.harnesses import HARNESSES, Harness
 from clawgym.rollout.one import RolloutPlan, run_one
 from clawgym.rollout.proxy_client import ProxyClient, start_local_proxy
+from clawgym.rollout.sandbox import Sandbox
 from clawgym.tasks import Task, load_tasks
 
 
@@ -118,7 +119,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
         results = A.JsonlWriter(results_path)
         transcripts = A.JsonlWriter(out / "transcripts.jsonl")
         state = _Progress(console, len(plans), len(done))
-        open_sandboxes: dict[str, Any] = {}
+        open_sandboxes: dict[str, Sandbox] = {}
         lock = threading.Lock()
         interrupted = threading.Event()
         remote = None
