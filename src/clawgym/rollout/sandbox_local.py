@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from clawgym.rollout import sandbox_net
-from clawgym.rollout.sandbox import Limits, RunResult, SandboxConfig, SandboxError, seed_workspace
+from clawgym.rollout.sandbox_base import RunResult, SandboxConfig, SandboxError, limit_args, rmtree, seed_workspace
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 RELAY = Path(sandbox_net.__file__).resolve()
@@ -89,18 +88,6 @@ def resolve_network(mode: str) -> str:
     return mode
 
 
-def _limit_args(limits: Limits) -> list[str]:
-    out = ["--limit", "core=0"]
-    mb = 1024 * 1024
-    for name, value, scale in (
-        ("as", limits.memory_mb, mb), ("cpu", limits.cpu_seconds, 1), ("fsize", limits.file_size_mb, mb),
-        ("nofile", limits.open_files, 1), ("nproc", limits.processes, 1),
-    ):
-        if value is not None:
-            out += ["--limit", f"{name}={int(value) * scale}"]
-    return out
-
-
 def _host_root_args(skip: set[str]) -> list[str]:
     """bwrap arguments that show every top-level entry of the host's / read-only (links as links),
     except `skip`. Binding / itself read-only would leave no room for new mount points such as
@@ -115,18 +102,6 @@ def _host_root_args(skip: set[str]) -> list[str]:
         elif os.path.exists(path):
             argv += ["--ro-bind", path, path]
     return argv
-
-
-def _rmtree(path: Path) -> None:
-    def onerror(func, p, _exc):  # a harness may leave read-only files and folders behind
-        try:
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            os.chmod(p, stat.S_IRWXU)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
 
 
 class LocalSandbox:
@@ -211,7 +186,7 @@ class LocalSandbox:
         return env
 
     def _wrap(self, cmd: list[str], cwd: Path) -> list[str]:
-        launcher = [sys.executable, "-I", "-S", str(RELAY), "relay", *_limit_args(self.config.limits)]
+        launcher = [sys.executable, "-I", "-S", str(RELAY), "relay", *limit_args(self.config.limits)]
         if self.network in ("bwrap", "unshare"):
             launcher += self._forwards
         launcher += ["--", *cmd]
@@ -349,7 +324,7 @@ class LocalSandbox:
 
     def install_tests(self, tests_dir: Path) -> str:
         if self.tests.exists():
-            _rmtree(self.tests)  # whatever the harness put there is not the task's tests
+            rmtree(self.tests)  # whatever the harness put there is not the task's tests
         if tests_dir is not None and Path(tests_dir).is_dir():
             shutil.copytree(tests_dir, self.tests, symlinks=False)
         else:
@@ -379,7 +354,7 @@ class LocalSandbox:
             s.close()
         self._servers = []
         if not self.config.keep and getattr(self, "root", None) is not None and self.root.exists():
-            _rmtree(self.root)
+            rmtree(self.root)
 
     def __enter__(self) -> "LocalSandbox":
         return self
