@@ -35,70 +35,12 @@ from clawgym.train import checkpoint as ckpt
 from clawgym.train import lora
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
+from clawgym.train.config import ALGOS, TrainConfig
 from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
 from clawgym.train.step_metrics import reduce_updates
 from clawgym.train.support import check_config, self_test, sliding_window
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
-
-ALGOS = ("grpo", "ppo", "sft")
-
-
-@dataclass
-class TrainConfig:
-    """Everything one `train` call needs; written next to the checkpoint as train_config.json."""
-
-    trees: Path
-    """trees.parquet of the step (docs/architecture.md)"""
-    rollouts: Path
-    """rollouts.parquet of the step: rewards, groups, status"""
-    model: Path
-    """policy checkpoint to start from (HF dir); its optimizer.pt and value/ are reused if present"""
-    out: Path
-    """checkpoint directory to write (HF format + trainer state)"""
-    algo: str = "grpo"
-    """grpo | ppo | sft"""
-    metrics: Path | None = None
-    """train.jsonl; default: beside trees.parquet (StepLayout.train_metrics)"""
-    lr: float = 1e-5
-    epochs: int = 1
-    """passes over the batch; logp_old stays the policy's before the first update"""
-    minibatches: int = 1
-    """optimizer steps per epoch; the batch's rollouts are split evenly"""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    tis: str = "token"
-    """truncated importance sampling against the engine's logprobs: token | sequence | off"""
-    tis_cap: float = 2.0
-    kl_coef: float = 0.0
-    """β of the k3 KL to --ref-model"""
-    ref_model: Path | None = None
-    aggregation: str = "token-mean"
-    """token-mean | rollout-mean"""
-    adv_eps: float = 1e-6
-    max_grad_norm: float = 1.0
-    token_budget: int = 8192
-    """padded tokens per micro-batch (rows × longest row); a longer tree goes alone"""
-    attention: str = "auto"
-    """auto (flex on CUDA, segments on CPU) | segments | dense | flex: how packed trees attend (attention.py)"""
-    value_lr: float = 1e-5
-    value_warmup_steps: int = 0
-    """PPO: value-only updates over the batch before the policy moves"""
-    norm_adv: bool = True
-    """PPO: whiten A_t = R − V(s_t) over the batch (weighted mean 0, std 1) before the update"""
-    lora_rank: int = 0
-    """LoRA: rank of the adapters to train (0: train every weight); checkpoints hold them merged"""
-    lora_alpha: float = 16.0
-    """LoRA: scale of the adapters' update (alpha / rank)"""
-    lora_targets: str = "all-linear"
-    """LoRA: comma-separated module names to adapt (e.g. q_proj,v_proj), or all-linear"""
-    min_reward: float = 1.0
-    """SFT: train on rollouts whose reward is at least this"""
-    seed: int = 0
-    resume: bool = False
-    """continue an interrupted call from the epoch checkpoint in --out"""
-    force: bool = False
-    """overwrite a complete checkpoint in --out"""
 
 
 @dataclass
