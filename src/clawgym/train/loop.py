@@ -10,7 +10,7 @@ metrics per update (train.jsonl) → an HF checkpoint per epoch, the last one co
 
 Paper §2.3, §3.2.3–3.2.4; docs/models.md. The math lives in `losses.py`, the packing in
 `packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
-CUDA runs bf16 autocast with FlexAttention block masks. accelerate places the models and wraps
+CUDA runs bf16 autocast with FlexAttention (a mask_mod over node ids, O(L) memory). accelerate places the models and wraps
 them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
 the batch is not yet sharded across processes, so each process trains on the whole batch — correct
 but not faster. Only the single-process CPU path is tested here.
@@ -33,7 +33,7 @@ from clawgym.train import lora
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
 from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
-from clawgym.train.support import check_config, self_test, sliding_window
+from clawgym.train.support import check_config, self_test
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
 
@@ -116,7 +116,7 @@ def _check(cfg: TrainConfig) -> None:
     if cfg.attention not in ("auto", *ATTENTIONS):
         raise UserError(f"--attention must be one of auto, {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
     if cfg.attention == "flex" and not torch.cuda.is_available():
-        raise UserError("--attention flex needs CUDA; use segments or dense on CPU")
+        raise UserError("--attention flex needs CUDA (FlexAttention has no backward pass on CPU); use segments or dense on CPU")
     for name in ("epochs", "minibatches", "token_budget"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -231,12 +231,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
     src = out if resuming else Path(cfg.model)
     model_config = _load_config(src)
-    max_depth = max((int(t.position_ids.max()) + 1 for t in trees), default=0)
-    window = sliding_window(model_config)
     attention = cfg.attention
-    if attention == "auto":  # FlexAttention's one block mask cannot hold a window shallower than the trees
-        attention = "flex" if cuda and (window is None or max_depth <= window) else "segments"
-    check_config(model_config, attention, max_depth)
+    if attention == "auto":
+        attention = "flex" if cuda else "segments"
+    check_config(model_config)
     attn = implementation(attention)
     # Under LoRA the weights stay those of the start model; a resumed call puts its saved adapter back on them.
     weights = Path(cfg.model) if cfg.lora_rank else src
