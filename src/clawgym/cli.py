@@ -282,6 +282,7 @@ def train(
     max_grad_norm: float = typer.Option(1.0, help="Gradient clipping norm."),
     value_lr: float = typer.Option(1e-5, help="PPO: value model learning rate."),
     value_warmup_steps: int = typer.Option(0, help="PPO: value-only updates before the policy moves."),
+    share_prefixes: bool = typer.Option(True, "--share-prefixes/--no-share-prefixes", help="Forward a prefix that rollouts share (a GRPO group's prompt) once per micro-batch: their trees merge into one trie; losses stay per rollout."),
     norm_adv: bool = typer.Option(True, "--norm-adv/--no-norm-adv", help="PPO: whiten the advantages over the batch."),
     min_reward: float = typer.Option(1.0, help="SFT: keep rollouts with at least this reward."),
     lora_rank: int = typer.Option(0, help="LoRA: train rank-R adapters instead of every weight (0: full); checkpoints hold them merged."),

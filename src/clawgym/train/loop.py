@@ -32,8 +32,9 @@ from clawgym.train import checkpoint as ckpt
 from clawgym.train import lora
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
-from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
+from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, pack_tree
 from clawgym.train.support import check_config, self_test
+from clawgym.train.trie import microbatches
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
 
@@ -77,6 +78,8 @@ class TrainConfig:
     """padded tokens per micro-batch (rows × longest row); a longer tree goes alone"""
     attention: str = "auto"
     """auto (flex on CUDA, segments on CPU) | segments | dense | flex: how packed trees attend (attention.py)"""
+    share_prefixes: bool = True
+    """merge the trees of rollouts sharing a prefix (a GRPO group's prompt) into one trie per micro-batch (trie.py)"""
     value_lr: float = 1e-5
     value_warmup_steps: int = 0
     """PPO: value-only updates over the batch before the policy moves"""
@@ -152,15 +155,15 @@ def _token_weights(trees: list[PackedTree], rows: list[int], mode: str) -> dict[
     return dict(zip(rows, w.split([trees[i].n_trainable for i in rows])))
 
 
-def _score_all(module, trees: list[PackedTree], budget: int, attention: str, accelerator) -> list[torch.Tensor]:
+def _score_all(module, trees: list[PackedTree], budget: int, attention: str, accelerator, share: bool) -> list[torch.Tensor]:
     """One no-grad pass of `module` over all packed trees; its [T] output split back per tree.
 
     Same packing, micro-batches and autocast as the update, so logp_old matches the first update's logp.
     """
     out: list[torch.Tensor] = [torch.empty(0)] * len(trees)
     with torch.no_grad(), accelerator.autocast():
-        for rows in plan_microbatches([t.n_tokens for t in trees], budget):
-            res = module(collate(trees, rows, attention=attention).to(accelerator.device))
+        for rows, mb in microbatches(trees, range(len(trees)), budget, attention, share):
+            res = module(mb.to(accelerator.device))
             res = res[0] if isinstance(res, tuple) else res
             for i, part in zip(rows, res.float().cpu().split([trees[i].n_trainable for i in rows])):
                 out[i] = part
@@ -285,10 +288,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     if resuming:
         batch = ckpt.load_batch_state(out)
     else:
-        batch = {"logp_old": _score_all(policy, trees, budget, attention, accelerator)}
+        batch = {"logp_old": _score_all(policy, trees, budget, attention, accelerator, cfg.share_prefixes)}
         if cfg.kl_coef > 0:
             ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32)).to(dev)
-            batch["logp_ref"] = _score_all(ref, trees, budget, attention, accelerator)
+            batch["logp_ref"] = _score_all(ref, trees, budget, attention, accelerator, cfg.share_prefixes)
             del ref
     logp_old, logp_ref = batch["logp_old"], batch.get("logp_ref")
     logp_rollout = [t.rollout_logprobs[t.trainable] for t in trees]  # trainable tokens only are scored
@@ -307,7 +310,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             for _ in range(cfg.value_warmup_steps):
                 warmup_losses.append(_value_step(value, value_opt, accelerator, trees, all_rows, returns, cfg, attention, dev,
                                                  batch_w))
-            batch["values"] = _score_all(value, trees, budget, attention, accelerator)
+            batch["values"] = _score_all(value, trees, budget, attention, accelerator, cfg.share_prefixes)
         advantages = [L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)]
         if cfg.norm_adv:
             flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
@@ -332,9 +335,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             sums = {k: 0.0 for k in ("loss", "pg_loss", "kl_ref", "clip_frac", "tis_clip_frac", "entropy",
                                       "mismatch_abs", "mismatch_k3", "value_loss", "value_mean", "adv_mean")}
             seq_ratios, tokens_fwd = [], 0
-            for rows in plan_microbatches([trees[i].n_tokens for i in mb_rows], budget):
-                rows = [mb_rows[r] for r in rows]
-                mb = collate(trees, rows, attention=attention).to(dev)
+            for rows, mb in microbatches(trees, mb_rows, budget, attention, cfg.share_prefixes):
+                mb = mb.to(dev)
                 tokens_fwd += mb.n_tokens
                 w, old, roll = _cat(weights, rows).to(dev), _cat(logp_old, rows).to(dev), _cat(logp_rollout, rows).to(dev)
                 adv = _cat(advantages, rows).to(dev)
@@ -401,9 +403,8 @@ def train(cfg: TrainConfig) -> TrainResult:
 def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights) -> float:
     """One value-model optimizer step on the given trees: masked ½(V − R)² under the minibatch's weights."""
     total = 0.0
-    for rows in plan_microbatches([trees[i].n_tokens for i in rows_all], cfg.token_budget):
-        rows = [rows_all[r] for r in rows]
-        mb = collate(trees, rows, attention=attention).to(dev)
+    for rows, mb in microbatches(trees, rows_all, cfg.token_budget, attention, cfg.share_prefixes):
+        mb = mb.to(dev)
         with accelerator.autocast():
             v = value(mb)
         loss = (_cat(weights, rows).to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()
