@@ -92,6 +92,17 @@ def _children(nodes: Sequence[TreeNode], rollout_id: str) -> tuple[dict[int, Tre
     return by_id, children
 
 
+def ancestor_matrix(node_parent: list[int]) -> torch.Tensor:
+    """[n, n] bool, [i, j]: node j is node i or above it (nodes in depth-first order, parent −1 for a root)."""
+    n = len(node_parent)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(node_parent):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]  # parents precede children, so the parent's row is complete
+    return anc
+
+
 def pack_tree(nodes: Sequence[TreeNode], *, only_trainable: bool = True) -> PackedTree:
     """Flatten one rollout's nodes depth-first.
 
@@ -150,12 +161,7 @@ def pack_tree(nodes: Sequence[TreeNode], *, only_trainable: bool = True) -> Pack
         for c in reversed(kids):
             stack.append((c, idx, last))
 
-    n_nodes = len(parents_of_node)
-    anc = torch.zeros(n_nodes, n_nodes, dtype=torch.bool)
-    for i, p in enumerate(parents_of_node):
-        anc[i, i] = True
-        if p >= 0:
-            anc[i] |= anc[p]  # parents precede children, so the parent's row is complete
+    anc = ancestor_matrix(parents_of_node)
     n_roots = sum(1 for p in parents_of_node if p < 0)
     return PackedTree(
         rollout_id=rollout_id,

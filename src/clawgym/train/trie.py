@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from clawgym.train.packing import MicroBatch, PackedTree, collate, plan_microbatches
+from clawgym.train.packing import MicroBatch, PackedTree, ancestor_matrix, collate, plan_microbatches
 
 
 class _Trie:
@@ -91,12 +91,6 @@ def merge_trees(trees: Sequence[PackedTree]) -> PackedTree:
         if not kids[j]:
             leaf_ends.append(len(ids) - 1)
         stack.extend((c, idx) for c in reversed(kids[j]))
-    n_nodes = len(node_parent)
-    anc = torch.zeros(n_nodes, n_nodes, dtype=torch.bool)
-    for i, p in enumerate(node_parent):
-        anc[i, i] = True
-        if p >= 0:
-            anc[i] |= anc[p]
     where = torch.tensor(new_pos, dtype=torch.long)
     cat = torch.cat
     return PackedTree(
@@ -106,7 +100,7 @@ def merge_trees(trees: Sequence[PackedTree]) -> PackedTree:
         node_index=torch.tensor(node_of, dtype=torch.long),
         node_parent=node_parent,
         node_start=node_start,
-        ancestors=anc,
+        ancestors=ancestor_matrix(node_parent),
         pred_pos=cat([where[m[t.pred_pos]] for t, m in zip(trees, maps)]),
         label_pos=cat([where[m[t.label_pos]] for t, m in zip(trees, maps)]),
         target_ids=cat([t.target_ids for t in trees]),
@@ -129,13 +123,11 @@ def plan_tries(trees: Sequence[PackedTree], rows: Sequence[int], token_budget: i
     groups: list[list[int]] = []
     trie, size = _Trie(), 0
     for i in order:
-        add = trie.new_tokens(trees[i]) if groups else trees[i].n_tokens
-        if groups and size + add <= token_budget:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-            trie, add = _Trie(), trees[i].n_tokens
-            size = 0
+        add = trie.new_tokens(trees[i])
+        if not groups or size + add > token_budget:
+            groups.append([])
+            trie, size, add = _Trie(), 0, trees[i].n_tokens
+        groups[-1].append(i)
         trie.insert(trees[i])
         size += add
     return groups
