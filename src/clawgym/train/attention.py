@@ -122,11 +122,12 @@ def _tree_block_mask(tree: FlexTree, window: int | None):
     kv = torch.arange(L, device=dev)
     for b in range(B):
         for q0 in range(0, L, _Q_CHUNK):
-            q = torch.arange(q0, min(q0 + _Q_CHUNK, L), device=dev)
-            m = tree.allowed(b, q[:, None], kv[None, :], window)  # [q, L]
+            q1 = min(q0 + _Q_CHUNK, L)
+            q = torch.arange(q0, q1, device=dev)
+            m = tree.allowed(b, q[:, None], kv[None, :q1], window)  # [q, q1]: keys after the last query are masked
             nq = -(-q.numel() // FLEX_BLOCK)
             # Out-of-range queries/keys count as masked, so a ragged last block is never taken as full.
-            m = F.pad(m, (0, nb * FLEX_BLOCK - L, 0, nq * FLEX_BLOCK - q.numel())).view(nq, FLEX_BLOCK, nb, FLEX_BLOCK)
+            m = F.pad(m, (0, nb * FLEX_BLOCK - q1, 0, nq * FLEX_BLOCK - q.numel())).view(nq, FLEX_BLOCK, nb, FLEX_BLOCK)
             some, every = m.any(3).any(1), m.all(3).all(1)
             qb = q0 // FLEX_BLOCK
             partial[b, qb : qb + nq] = some & ~every
