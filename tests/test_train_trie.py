@@ -10,6 +10,7 @@ import torch
 
 from clawgym.train.packing import PackedPolicy, collate, pack_tree
 from clawgym.train.trie import merge_trees, microbatches, plan_tries
+from test_train_loop import step  # noqa: F401 - a fixture used below
 from test_train_packing import VOCAB, lm, random_tree  # noqa: F401 - `lm` is a fixture used below
 
 
@@ -75,3 +76,25 @@ def test_a_trie_of_one_chain_is_that_chain():
     t = group(3, rollouts=1)[0]
     m = merge_trees([t, t])  # the same rollout twice: nothing new, labels twice
     assert torch.equal(m.input_ids, t.input_ids) and m.target_ids.numel() == 2 * t.target_ids.numel()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_training_with_group_tries_equals_training_without(step, tiny_model, tmp_path, algo):  # noqa: F811
+    """The step's rollouts share their prompt: one update with and without tries gives the same weights."""
+    from safetensors.torch import load_file
+
+    from clawgym.train.loop import train
+    from test_train_loop import cfg
+
+    got = {}
+    for share in (True, False):
+        out = tmp_path / f"{algo}-{share}"
+        train(cfg(step, tiny_model, out, algo=algo, lr=1e-3, share_prefixes=share, metrics=tmp_path / f"{share}.jsonl"))
+        got[share] = load_file(out / "model.safetensors")
+    for k, w in got[False].items():
+        torch.testing.assert_close(got[True][k], w, atol=1e-5, rtol=0)
+    from clawgym.artifacts import read_jsonl
+
+    fwd = {s: read_jsonl(tmp_path / f"{s}.jsonl").records[-1]["train/tokens_forwarded"] for s in (True, False)}
+    assert fwd[True] < fwd[False]  # the shared prompt was forwarded once
