@@ -18,7 +18,8 @@ and their ancestors. Dead leaves, subagent and compaction branches are never for
 structures: a segment plan (attention.py: per-run SDPA, the CPU default, no L² work), a dense
 boolean ancestor mask [B, 1, L, L], or per-token node ids for a FlexAttention mask_mod (the CUDA
 default, O(L) memory), each carried by a TreePlan so sliding windows and soft-capping apply; one
-unbranched tree gets no mask at all (plain causal attention). `backbone_forward` hands a micro-batch to any transformers decoder (attention.py says how).
+unbranched tree gets no mask at all (plain causal attention). `backbone_forward` hands a
+micro-batch to any transformers decoder (attention.py says how).
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
     attention: "segments" (a TreePlan of blocks for `attention.tree_attention`, the CPU default),
     "dense" (a TreePlan carrying a [B, 1, L, L] boolean ancestor mask), or "flex" (a TreePlan carrying
     per-token node ids and depth-first intervals for a FlexAttention mask_mod: O(L) memory, no [L, L]
-    mask). One unbranched tree gets no mask at all under segments/dense: plain causal attention.
+    mask). One unbranched tree alone gets no mask at all: plain causal attention.
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
