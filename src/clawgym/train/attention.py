@@ -25,6 +25,11 @@ itself the trainer passes an all-ones [B, L] padding mask, for which HF's mask b
 for this implementation as plain SDPA masks) build nothing; without it, the non-monotonic position
 ids of a packed tree would look like packed sequences and HF would build an unused L² mask.
 
+"Flex" attention (the CUDA default) hands FlexAttention a mask_mod over per-token node ids and
+the nodes' depth-first intervals (`FlexTree`): O(L) memory, no [L, L] mask anywhere, and a block
+mask that lets the kernel skip empty blocks. FlexAttention has no backward pass on CPU; there its
+forward runs eagerly (the tests compare it with the other paths), on CUDA it is compiled.
+
 The layer's own keyword arguments are honoured, so the tree path is exact on more than plain
 attention: `sliding_window` (Mistral, Gemma 2/3, Qwen2 with windows: a key more than the window
 behind the query *in depth on its root path* is dropped) and `softcap` (Gemma 2's attention logit
