@@ -29,11 +29,25 @@ shaped Llama (hidden 576, 30 layers, 9 heads / 3 KV heads, head_dim 64, vocab 49
 weights — the same shapes, so the same time and memory:
 
     python bench/train.py --lora-rank 16 --shapes grpo-like --scale 0.25 --repeats 1 --threads 2
+
+With `--masks` it compares the tree masks of `--attention dense`, a FlexAttention block mask built
+from that dense mask, and `--attention flex` (a mask_mod over node ids, no [L, L] mask) on a
+branched tree of 8k and 32k tokens: bytes the mask keeps, build time, and forward + backward time
+where this machine can run it (FlexAttention has no backward on CPU):
+
+    nice -n 10 python bench/train.py --masks
+
+With `--group` it packs a Claude-Code-like GRPO group (8 rollouts sharing a 19k-token prompt, then
+each its own turns) as one tree per rollout vs one group trie (`--share-prefixes`, trie.py):
+tokens forwarded and forward + backward wall time, with the ratios:
+
+    nice -n 10 python bench/train.py --group
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import tempfile
@@ -60,10 +74,11 @@ class TreeMaker:
     def __init__(self, rid: str, rng: random.Random, vocab: int):
         self.rid, self.rng, self.vocab, self.nodes, self.end = rid, rng, vocab, [], {}
 
-    def add(self, parent: int, n: int, kind: str, call: str, role: str = "main", kept: bool = True, drop: str = "") -> int:
+    def add(self, parent: int, n: int, kind: str, call: str, role: str = "main", kept: bool = True, drop: str = "",
+            toks: list[int] | None = None) -> int:
         nid = len(self.nodes)
         depth = 0 if parent < 0 else self.end[parent]
-        toks = [self.rng.randrange(4, self.vocab) for _ in range(n)]
+        toks = toks if toks is not None else [self.rng.randrange(4, self.vocab) for _ in range(n)]
         lps = [-self.rng.random() for _ in toks] if kind == "model" else []
         self.nodes.append(TreeNode(self.rid, nid, parent, toks, kind, lps, call, 0, role, kept, depth, drop))
         self.end[nid] = depth + n
@@ -313,6 +328,120 @@ def lora_vs_full(args) -> None:
     Console(width=200).print(table)
 
 
+def _tiny_policy(args) -> PackedPolicy:
+    from transformers import AutoModelForCausalLM
+
+    from clawgym.model import init_model
+
+    torch.manual_seed(0)
+    model_dir = args.model
+    if model_dir is None:
+        model_dir = Path(tempfile.mkdtemp()) / "tiny"
+        init_model(model_dir, seed=0, size="tiny")
+    return PackedPolicy(AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=implementation("segments"),
+                                                             dtype=torch.float32))
+
+
+def _fwd_bwd_s(policy: PackedPolicy, batches) -> float:
+    t0 = time.perf_counter()
+    for mb in batches:
+        logp, _ = policy(mb)
+        (-logp.sum()).backward()
+    policy.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def _nbytes(x) -> int:
+    """Bytes of every tensor a mask object keeps (a TreePlan, its FlexTree, a BlockMask)."""
+    if torch.is_tensor(x):
+        return x.nbytes
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(_nbytes(v) for v in x.values())
+    if hasattr(x, "__dict__"):
+        return sum(_nbytes(v) for k, v in vars(x).items() if k != "mask_mod")
+    return 0
+
+
+def masks(args) -> None:
+    """Mask memory and time: dense vs block mask from the dense mask vs mask_mod, at 8k and 32k tokens."""
+    from clawgym.train.attention import flex_block_mask
+
+    policy = _tiny_policy(args)
+    vocab = policy.lm.config.vocab_size
+    table = Table(title=f"tree masks on a GRPO-like tree (prefix L/2, 8 answers), tiny model, {args.threads} threads")
+    for col in ("tokens", "mask", "mask MiB", "vs dense", "build s", "fwd+bwd s"):
+        table.add_column(col, justify="left" if col == "mask" else "right")
+    for L in (8192, 32768):
+        t = TreeMaker("m", random.Random(0), vocab)
+        p = t.add(-1, L // 2, "env", "c0")
+        for j in range(8):
+            t.add(p, L // 16, "model", f"c{j}")
+        tree = pack_tree(t.nodes)
+        rows = {}
+        for mode in ("dense", "block-mask", "mask_mod"):
+            t0 = time.perf_counter()
+            try:
+                mb = collate([tree], [0], attention="flex" if mode == "mask_mod" else "dense")
+                plan = mb.attention_mask
+                if mode == "block-mask":
+                    kept = _nbytes(plan.dense) + _nbytes(flex_block_mask(plan.dense))
+                elif mode == "mask_mod":
+                    kept = _nbytes(plan.flex.node) + _nbytes(plan.flex.last) + _nbytes(plan.flex.block_mask())
+                else:
+                    kept = _nbytes(plan.dense)
+            except MemoryError:
+                table.add_row(f"{L:,}", mode, "does not fit", "", "", "")
+                continue
+            build = time.perf_counter() - t0
+            if mode == "dense" and L <= 8192:
+                step = f"{_fwd_bwd_s(policy, [mb]):.1f}"
+            elif mode == "dense":
+                step = "not run: SDPA's L² scores on CPU"
+            else:
+                step = "needs CUDA (no FlexAttention backward on CPU)"
+            rows[mode] = kept
+            table.add_row(f"{L:,}", mode, f"{kept / 2**20:.2f}", f"{kept / rows['dense']:.4f}x" if "dense" in rows else "",
+                          f"{build:.2f}", step)
+            del mb, plan
+        table.add_section()
+    Console(width=200).print(table)
+
+
+def group(args) -> None:
+    """A Claude-Code-like GRPO group, 8 rollouts sharing a 19k-token prompt: per-rollout trees vs one group trie."""
+    from clawgym.train.trie import microbatches
+
+    policy = _tiny_policy(args)
+    vocab = policy.lm.config.vocab_size
+    rng = random.Random(0)
+    prompt = [rng.randrange(4, vocab) for _ in range(int(19_000 * args.scale))]
+    trees = []
+    for r in range(8):
+        t = TreeMaker(f"g{r}", rng, vocab)
+        x = t.add(-1, len(prompt), "env", "c0", toks=prompt)
+        for k in range(4):  # each rollout's own turns: a model call, then its tool output
+            m = t.add(x, t.r(50, 150), "model", f"c{k}")
+            x = t.add(m, t.r(100, 400), "env", f"c{k + 1}")
+        trees.append(pack_tree(t.nodes))
+    budget = max(args.budget, 65536)
+    table = Table(title=f"8 rollouts sharing a {len(prompt):,}-token prompt: forward + backward, tiny model, "
+                        f"{args.threads} threads, budget {budget:,}, median of {args.repeats}")
+    for col in ("packing", "micro-batches", "tokens forwarded", "tokens vs trie", "wall s", "wall vs trie"):
+        table.add_column(col, justify="left" if col == "packing" else "right")
+    res = {}
+    for name, share in (("per-rollout trees", False), ("group trie", True)):
+        batches = [mb for _, mb in microbatches(trees, range(len(trees)), budget, "segments", share)]
+        walls = [_fwd_bwd_s(policy, batches) for _ in range(args.repeats)]  # --repeats 0: tokens only
+        res[name] = (len(batches), sum(mb.n_tokens for mb in batches), statistics.median(walls) if walls else math.nan)
+        print(f"{name}: {res[name]}", flush=True)
+    _, tok_trie, wall_trie = res["group trie"]
+    for name, (n, tok, wall) in res.items():
+        table.add_row(name, str(n), f"{tok:,}", f"{tok / tok_trie:.2f}x", f"{wall:.1f}", f"{wall / wall_trie:.2f}x")
+    Console(width=200).print(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", action="store_true", help="smaller trees (about a third of the tokens)")
@@ -324,11 +453,18 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=None, help="tree size factor (default 1, or 0.5 with --small)")
     ap.add_argument("--lora-rank", type=int, default=0, help="compare full fine-tuning with LoRA of this rank instead")
     ap.add_argument("--lora-targets", default="all-linear", help="LoRA: modules to adapt")
+    ap.add_argument("--masks", action="store_true", help="compare dense / block-mask / mask_mod tree masks at 8k and 32k tokens")
+    ap.add_argument("--group", action="store_true", help="compare per-rollout trees with one group trie (8 rollouts, 19k shared)")
     args = ap.parse_args()
     args.scale = args.scale if args.scale is not None else (0.5 if args.small else 1.0)
     torch.set_num_threads(args.threads)
     if args.lora_rank:
         return lora_vs_full(args)
+    if args.masks:
+        return masks(args)
+    if args.group:
+        args.repeats = min(args.repeats, 3)
+        return group(args)
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 

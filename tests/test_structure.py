@@ -128,7 +128,7 @@ def test_every_config_field_has_help_and_docs_config_md_is_generated_from_them()
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
     text = (DOCS / "config.md").read_text(encoding="utf-8")
     generated = config.reference_markdown()
-    assert text.split("<!-- generated below: clawgym.config.reference_markdown() -->\n\n", 1)[1] == generated
+    assert text.split(config.GENERATED_MARK, 1)[1] == generated, "regenerate it: python -m clawgym.config docs/config.md"
     for cls in [*config._SECTIONS.values(), TrainConfig, RolloutConfig]:
         for f in dataclasses.fields(cls):
             assert f"| `{f.name}` |" in text

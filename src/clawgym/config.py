@@ -357,3 +357,18 @@ def reference_markdown() -> str:
                  + reference(RolloutConfig))
     return "\n\n".join(parts) + "\n"
 
+
+
+GENERATED_MARK = "<!-- generated below: clawgym.config.reference_markdown() -->\n\n"
+
+
+def write_reference(path: Path) -> None:
+    """Rewrite the generated part of docs/config.md (below GENERATED_MARK) from the fields' help."""
+    head = path.read_text(encoding="utf-8").split(GENERATED_MARK, 1)[0]
+    path.write_text(head + GENERATED_MARK + reference_markdown(), encoding="utf-8")
+
+
+if __name__ == "__main__":  # python -m clawgym.config docs/config.md: after adding or changing a field
+    import sys
+
+    write_reference(Path(sys.argv[1]))

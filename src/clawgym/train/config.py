@@ -38,6 +38,7 @@ class TrainConfig:
     max_grad_norm: float = option(1.0, "Gradient clipping norm.")
     token_budget: int = option(8192, "Padded tokens per micro-batch (rows × longest row); a longer tree goes alone.")
     attention: str = option("auto", "Packed-tree attention: auto (flex on CUDA, segments on CPU) | segments | dense | flex (attention.py).")
+    share_prefixes: bool = option(True, "Forward a prefix that rollouts share (a GRPO group's prompt) once per micro-batch: their trees merge into one trie (trie.py); losses stay per rollout.")
     value_lr: float = option(1e-5, "PPO: value model learning rate.")
     value_warmup_steps: int = option(0, "PPO: value-only updates over the batch before the policy moves.")
     norm_adv: bool = option(True, "PPO: whiten A_t = R − V(s_t) over the batch (weighted mean 0, std 1) before the update.")

@@ -10,7 +10,7 @@ metrics per update (train.jsonl) → an HF checkpoint per epoch, the last one co
 
 Paper §2.3, §3.2.3–3.2.4; docs/models.md. The math lives in `losses.py`, the packing in
 `packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
-CUDA runs bf16 autocast with FlexAttention block masks. accelerate places the models and wraps
+CUDA runs bf16 autocast with FlexAttention (a mask_mod over node ids, O(L) memory). accelerate places the models and wraps
 them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
 the batch is not yet sharded across processes, so each process trains on the whole batch — correct
 but not faster. Only the single-process CPU path is tested here.
@@ -36,9 +36,10 @@ from clawgym.train import lora
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
 from clawgym.train.config import ALGOS, TrainConfig
-from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
+from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, pack_tree
 from clawgym.train.step_metrics import reduce_updates
-from clawgym.train.support import check_config, self_test, sliding_window
+from clawgym.train.support import check_config, self_test
+from clawgym.train.trie import microbatches
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
 
@@ -65,7 +66,7 @@ def _check(cfg: TrainConfig) -> None:
     if cfg.attention not in ("auto", *ATTENTIONS):
         raise UserError(f"--attention must be one of auto, {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
     if cfg.attention == "flex" and not torch.cuda.is_available():
-        raise UserError("--attention flex needs CUDA; use segments or dense on CPU")
+        raise UserError("--attention flex needs CUDA (FlexAttention has no backward pass on CPU); use segments or dense on CPU")
     for name in ("epochs", "minibatches", "token_budget"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -101,15 +102,15 @@ def _token_weights(trees: list[PackedTree], rows: list[int], mode: str) -> dict[
     return dict(zip(rows, w.split([trees[i].n_trainable for i in rows])))
 
 
-def _score_all(module, trees: list[PackedTree], budget: int, attention: str, accelerator) -> list[torch.Tensor]:
+def _score_all(module, trees: list[PackedTree], budget: int, attention: str, accelerator, share: bool) -> list[torch.Tensor]:
     """One no-grad pass of `module` over all packed trees; its [T] output split back per tree.
 
     Same packing, micro-batches and autocast as the update, so logp_old matches the first update's logp.
     """
     out: list[torch.Tensor] = [torch.empty(0)] * len(trees)
     with torch.no_grad(), accelerator.autocast():
-        for rows in plan_microbatches([t.n_tokens for t in trees], budget):
-            res = module(collate(trees, rows, attention=attention).to(accelerator.device))
+        for rows, mb in microbatches(trees, range(len(trees)), budget, attention, share):
+            res = module(mb.to(accelerator.device))
             res = res[0] if isinstance(res, tuple) else res
             for i, part in zip(rows, res.float().cpu().split([trees[i].n_trainable for i in rows])):
                 out[i] = part
@@ -185,12 +186,10 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
     src = out if resuming else Path(cfg.model)
     model_config = _load_config(src)
-    max_depth = max((int(t.position_ids.max()) + 1 for t in trees), default=0)
-    window = sliding_window(model_config)
     attention = cfg.attention
-    if attention == "auto":  # FlexAttention's one block mask cannot hold a window shallower than the trees
-        attention = "flex" if cuda and (window is None or max_depth <= window) else "segments"
-    check_config(model_config, attention, max_depth)
+    if attention == "auto":
+        attention = "flex" if cuda else "segments"
+    check_config(model_config)
     attn = implementation(attention)
     # Under LoRA the weights stay those of the start model; a resumed call puts its saved adapter back on them.
     weights = Path(cfg.model) if cfg.lora_rank else src
@@ -241,10 +240,10 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     if resuming:
         batch = ckpt.load_batch_state(out)
     else:
-        batch = {"logp_old": _score_all(policy, trees, budget, attention, accelerator)}
+        batch = {"logp_old": _score_all(policy, trees, budget, attention, accelerator, cfg.share_prefixes)}
         if cfg.kl_coef > 0:
             ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32)).to(dev)
-            batch["logp_ref"] = _score_all(ref, trees, budget, attention, accelerator)
+            batch["logp_ref"] = _score_all(ref, trees, budget, attention, accelerator, cfg.share_prefixes)
             del ref
     logp_old, logp_ref = batch["logp_old"], batch.get("logp_ref")
     logp_rollout = [t.rollout_logprobs[t.trainable] for t in trees]  # trainable tokens only are scored
@@ -263,7 +262,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
             for _ in range(cfg.value_warmup_steps):
                 warmup_losses.append(_value_step(value, value_opt, accelerator, trees, all_rows, returns, cfg, attention, dev,
                                                  batch_w))
-            batch["values"] = _score_all(value, trees, budget, attention, accelerator)
+            batch["values"] = _score_all(value, trees, budget, attention, accelerator, cfg.share_prefixes)
         advantages = [L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)]
         if cfg.norm_adv:
             flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
@@ -290,9 +289,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
             sums = {k: 0.0 for k in ("loss", "pg_loss", "kl_ref", "clip_frac", "tis_clip_frac", "entropy",
                                       "mismatch_abs", "mismatch_k3", "value_loss", "value_mean", "adv_mean")}
             seq_ratios, tokens_fwd = [], 0
-            for rows in plan_microbatches([trees[i].n_tokens for i in mb_rows], budget):
-                rows = [mb_rows[r] for r in rows]
-                mb = collate(trees, rows, attention=attention).to(dev)
+            for rows, mb in microbatches(trees, mb_rows, budget, attention, cfg.share_prefixes):
+                mb = mb.to(dev)
                 tokens_fwd += mb.n_tokens
                 w, old, roll = _cat(weights, rows).to(dev), _cat(logp_old, rows).to(dev), _cat(logp_rollout, rows).to(dev)
                 adv = _cat(advantages, rows).to(dev)
@@ -361,9 +359,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
 def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights) -> float:
     """One value-model optimizer step on the given trees: masked ½(V − R)² under the minibatch's weights."""
     total = 0.0
-    for rows in plan_microbatches([trees[i].n_tokens for i in rows_all], cfg.token_budget):
-        rows = [rows_all[r] for r in rows]
-        mb = collate(trees, rows, attention=attention).to(dev)
+    for rows, mb in microbatches(trees, rows_all, cfg.token_budget, attention, cfg.share_prefixes):
+        mb = mb.to(dev)
         with accelerator.autocast():
             v = value(mb)
         loss = (_cat(weights, rows).to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()

@@ -16,9 +16,10 @@ and their ancestors. Dead leaves, subagent and compaction branches are never for
 
 `collate` turns several packed trees into a padded micro-batch with one of three attention
 structures: a segment plan (attention.py: per-run SDPA, the CPU default, no L² work), a dense
-boolean ancestor mask [B, 1, L, L] (also carried by a TreePlan, so sliding windows and soft-capping
-apply), or a FlexAttention block mask on CUDA; one unbranched tree gets no mask at all (plain causal
-attention). `backbone_forward` hands a micro-batch to any transformers decoder (attention.py says how).
+boolean ancestor mask [B, 1, L, L], or per-token node ids for a FlexAttention mask_mod (the CUDA
+default, O(L) memory), each carried by a TreePlan so sliding windows and soft-capping apply; one
+unbranched tree gets no mask at all (plain causal attention). `backbone_forward` hands a
+micro-batch to any transformers decoder (attention.py says how).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 from clawgym.artifacts import TreeNode
 from clawgym.errors import UserError
-from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, flex_block_mask, plan_blocks
+from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, flex_tree, plan_blocks
 from clawgym.trees import training_nodes
 
 ATTENTIONS = ("segments", "dense", "flex")
@@ -92,6 +93,17 @@ def _children(nodes: Sequence[TreeNode], rollout_id: str) -> tuple[dict[int, Tre
     return by_id, children
 
 
+def ancestor_matrix(node_parent: list[int]) -> torch.Tensor:
+    """[n, n] bool, [i, j]: node j is node i or above it (nodes in depth-first order, parent −1 for a root)."""
+    n = len(node_parent)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(node_parent):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]  # parents precede children, so the parent's row is complete
+    return anc
+
+
 def pack_tree(nodes: Sequence[TreeNode], *, only_trainable: bool = True) -> PackedTree:
     """Flatten one rollout's nodes depth-first.
 
@@ -150,12 +162,7 @@ def pack_tree(nodes: Sequence[TreeNode], *, only_trainable: bool = True) -> Pack
         for c in reversed(kids):
             stack.append((c, idx, last))
 
-    n_nodes = len(parents_of_node)
-    anc = torch.zeros(n_nodes, n_nodes, dtype=torch.bool)
-    for i, p in enumerate(parents_of_node):
-        anc[i, i] = True
-        if p >= 0:
-            anc[i] |= anc[p]  # parents precede children, so the parent's row is complete
+    anc = ancestor_matrix(parents_of_node)
     n_roots = sum(1 for p in parents_of_node if p < 0)
     return PackedTree(
         rollout_id=rollout_id,
@@ -196,7 +203,7 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # [B, L] long
     position_ids: torch.Tensor  # [B, L] long
-    attention_mask: object  # a TreePlan (segments or dense), a FlexAttention BlockMask, or None (plain causal)
+    attention_mask: TreePlan | None  # a TreePlan (segments, dense or flex), or None (plain causal)
     pred_index: torch.Tensor  # [T] long, flat index into B*L of the position predicting each scored token
     target_ids: torch.Tensor  # [T] long
     n_tokens: int  # real (unpadded) tokens forwarded
@@ -227,8 +234,9 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
     """Pad the chosen trees into one micro-batch with the attention structure that keeps them exact.
 
     attention: "segments" (a TreePlan of blocks for `attention.tree_attention`, the CPU default),
-    "dense" (a TreePlan carrying a [B, 1, L, L] boolean ancestor mask), or "flex" (a FlexAttention
-    BlockMask, CUDA). One unbranched tree gets no mask at all under segments/dense: plain causal attention.
+    "dense" (a TreePlan carrying a [B, 1, L, L] boolean ancestor mask), or "flex" (a TreePlan carrying
+    per-token node ids and depth-first intervals for a FlexAttention mask_mod: O(L) memory, no [L, L]
+    mask). One unbranched tree alone gets no mask at all: plain causal attention.
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
@@ -244,11 +252,14 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
         target_ids.append(t.target_ids)
     n_tokens = sum(t.n_tokens for t in picked)
     lengths = [t.n_tokens for t in picked]
-    mask: object
-    if B == 1 and picked[0].is_chain and attention != "flex":
+    mask: TreePlan | None
+    if B == 1 and picked[0].is_chain:
         mask = None  # an unbranched tree is an ordinary causal sequence: SDPA's is_causal path
     elif attention == "segments":
         mask = TreePlan([plan_blocks(t.node_parent, t.node_start, t.n_tokens) for t in picked], lengths, position_ids)
+    elif attention == "flex":
+        flex = flex_tree([(t.node_index, t.node_parent) for t in picked], position_ids)
+        mask = TreePlan([[] for _ in picked], lengths, position_ids, flex=flex)
     else:
         dense = torch.zeros(B, 1, L, L, dtype=torch.bool)
         pad = torch.arange(L)
@@ -256,7 +267,7 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
             dense[b, 0, : t.n_tokens, : t.n_tokens] = t.attention_mask()
             # Padding rows attend to themselves only, so no softmax row is empty (NaN); nothing attends to them.
             dense[b, 0, pad[t.n_tokens:], pad[t.n_tokens:]] = True
-        mask = flex_block_mask(dense) if attention == "flex" else TreePlan([[] for _ in picked], lengths, position_ids, dense)
+        mask = TreePlan([[] for _ in picked], lengths, position_ids, dense)
     return MicroBatch(input_ids, position_ids, mask, torch.cat(pred_index), torch.cat(target_ids), n_tokens)
 
 
@@ -264,7 +275,7 @@ def backbone_forward(backbone: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     """Last hidden states [B, L, H] of a transformers decoder body on a micro-batch.
 
     A TreePlan goes to the attention layers as a keyword argument, with an all-ones padding mask
-    for HF's mask builders (attention.py explains both); a BlockMask or None is the mask itself.
+    for HF's mask builders (attention.py explains both); None means plain causal attention.
     """
     if isinstance(mb.attention_mask, TreePlan):
         ones = torch.ones(mb.input_ids.shape, dtype=torch.bool, device=mb.input_ids.device)

@@ -6,8 +6,7 @@ over position-encoded keys, optionally in a sliding window or soft-capped. Two t
 - `check_config`, from `config.json` alone, before the batch is scored: encoder-decoders, and
   layer kinds other than full or sliding-window attention (linear attention, state-space or
   convolution layers carry a state along the sequence, which a packed tree would leak from one
-  branch into its sibling) are refused with one line naming the architecture; so is a sliding
-  window deeper than the trees under FlexAttention, whose block mask is the same for every layer.
+  branch into its sibling) are refused with one line naming the architecture.
 - `self_test`, once the model is loaded: a small branched tree is forwarded packed and each of its
   root-to-leaf paths alone; the hidden states (and, for a causal LM, the logits the trainer
   computes) must agree. This catches what no config field says — a model class that does not pass
@@ -43,7 +42,7 @@ def sliding_window(config) -> int | None:
     return window if kinds is None or "sliding_attention" in kinds else None
 
 
-def check_config(config, attention: str, max_depth: int) -> None:
+def check_config(config) -> None:
     """Refuse, in one line, an architecture the tree path would train wrongly."""
     name = _name(config)
     if getattr(config, "is_encoder_decoder", False):
@@ -52,10 +51,6 @@ def check_config(config, attention: str, max_depth: int) -> None:
     if other:
         raise UserError(f"{name}: has {', '.join(other)} layers, whose state runs along the sequence across a "
                         f"packed tree's branches; only full or sliding-window attention layers can be trained on trees")
-    window = sliding_window(config)
-    if attention == "flex" and window is not None and max_depth > window:
-        raise UserError(f"{name}: sliding-window layers ({window} tokens) and trees {max_depth} tokens deep need "
-                        f"--attention segments or dense (FlexAttention's block mask is the same for every layer)")
 
 
 def _probe_tree(vocab: int) -> list[TreeNode]:
@@ -72,8 +67,6 @@ def _probe_tree(vocab: int) -> list[TreeNode]:
 @torch.no_grad()
 def self_test(model: torch.nn.Module, attention: str) -> None:
     """Packed-tree outputs of `model` (a causal LM or a bare decoder) must equal its per-path outputs."""
-    if attention == "flex":
-        return  # FlexAttention is HF's own implementation with our block mask: the packing tests cover it
     is_lm = model.get_output_embeddings() is not None
     body = model.base_model if is_lm else model
     tree = pack_tree(_probe_tree(model.config.vocab_size), only_trainable=False)
