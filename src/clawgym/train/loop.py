@@ -12,13 +12,16 @@ Paper §2.3, §3.2.3–3.2.4; docs/models.md. The math lives in `losses.py`, the
 `packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
 CUDA runs bf16 autocast with FlexAttention block masks. accelerate places the models and wraps
 them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
-the batch is not yet sharded across processes, so each process trains on the whole batch — correct
-but not faster. Only the single-process CPU path is tested here.
+the trees are sharded across processes by token count and the loss normalization is global
+(distributed.py; docs/training.md), and rank 0 alone writes checkpoints and metrics. `[train]
+processes = N` launches the ranks itself. 1 vs 2 processes is tested on CPU with gloo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +33,17 @@ from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, Roll
 from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
 from clawgym.train import lora
+from clawgym.train import memory
+from clawgym.train.distributed import Dist, accelerator_kwargs, launch, padded_plan, shard
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
-from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches
+from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree
 from clawgym.train.support import check_config, self_test, sliding_window
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
 
 ALGOS = ("grpo", "ppo", "sft")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -95,6 +101,14 @@ class TrainConfig:
     """continue an interrupted call from the epoch checkpoint in --out"""
     force: bool = False
     """overwrite a complete checkpoint in --out"""
+    processes: int = 1
+    """data-parallel ranks: > 1 runs this call under `accelerate launch --num_processes N` (docs/training.md)"""
+    accelerate_config: Path | None = None
+    """an `accelerate config` YAML for those ranks (e.g. FSDP, GPUs); default: DDP on the local devices"""
+    precision: str = "fp32"
+    """fp32 | bf16: bf16 keeps the weights and gradients in bf16 and the optimizer's master weights and moments in fp32"""
+    activation_checkpointing: bool = False
+    """recompute each decoder layer's activations in the backward instead of storing them"""
 
 
 @dataclass
@@ -113,6 +127,10 @@ def _check(cfg: TrainConfig) -> None:
         raise UserError(f"--tis must be one of {', '.join(L.TIS_MODES)}, got {cfg.tis!r}")
     if cfg.aggregation not in L.AGGREGATIONS:
         raise UserError(f"--aggregation must be one of {', '.join(L.AGGREGATIONS)}, got {cfg.aggregation!r}")
+    if cfg.precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
+    if cfg.processes < 1:
+        raise UserError(f"--processes must be at least 1, got {cfg.processes}")
     if cfg.attention not in ("auto", *ATTENTIONS):
         raise UserError(f"--attention must be one of auto, {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
     if cfg.attention == "flex" and not torch.cuda.is_available():
@@ -152,19 +170,22 @@ def _token_weights(trees: list[PackedTree], rows: list[int], mode: str) -> dict[
     return dict(zip(rows, w.split([trees[i].n_trainable for i in rows])))
 
 
-def _score_all(module, trees: list[PackedTree], budget: int, attention: str, accelerator) -> list[torch.Tensor]:
-    """One no-grad pass of `module` over all packed trees; its [T] output split back per tree.
+def _score_all(module, trees: list[PackedTree], plan: list, filler: int, attention: str, accelerator,
+               dist: Dist) -> list[torch.Tensor]:
+    """One no-grad pass of `module` over this rank's trees (`plan`); every rank gets every tree's [T] output.
 
     Same packing, micro-batches and autocast as the update, so logp_old matches the first update's logp.
     """
-    out: list[torch.Tensor] = [torch.empty(0)] * len(trees)
+    mine: dict[int, torch.Tensor] = {}
     with torch.no_grad(), accelerator.autocast():
-        for rows in plan_microbatches([t.n_tokens for t in trees], budget):
-            res = module(collate(trees, rows, attention=attention).to(accelerator.device))
+        for rows in plan:
+            res = module(collate(trees, rows or [filler], attention=attention).to(accelerator.device))
+            if rows is None:  # a padding step: only there so every rank makes the same calls
+                continue
             res = res[0] if isinstance(res, tuple) else res
-            for i, part in zip(rows, res.float().cpu().split([trees[i].n_trainable for i in rows])):
-                out[i] = part
-    return out
+            mine.update(zip(rows, res.float().cpu().split([trees[i].n_trainable for i in rows])))
+    every = dist.gather_dict(mine)
+    return [every[i] for i in range(len(trees))]
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -173,7 +194,18 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     _check(cfg)
     out = Path(cfg.out)
-    ckpt.recover(out)
+    if cfg.processes > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # Not yet inside a launched rank: launch the ranks and read back what they wrote.
+        launch(cfg, cfg.processes, cfg.accelerate_config)
+        state = ckpt.load_state(out)
+        return TrainResult(out, state.updates_done, len(state.rollout_ids), 0, {})
+    cuda = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda and cfg.precision == "fp32" else "no",
+                              kwargs_handlers=accelerator_kwargs())
+    dist = Dist(accelerator.process_index, accelerator.num_processes)
+    if dist.main:
+        ckpt.recover(out)
+    dist.barrier()
     prior = ckpt.load_state(out) if out.exists() else None
     if prior is not None and prior.complete and cfg.resume and not cfg.force:
         # A resumed run (`clawgym run` after a kill) finds this step already trained: nothing to redo.
@@ -221,14 +253,15 @@ def train(cfg: TrainConfig) -> TrainResult:
     except UserError as e:
         raise UserError(f"{cfg.trees}: {e}") from None
     T_total = sum(t.n_trainable for t in trees)
-    print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
-          f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
-          f"{n_zero_var_groups}/{len(groups)} zero-variance groups")
+    owner = shard([t.n_tokens for t in trees], dist.world)
+    filler = min(range(len(trees)), key=lambda i: trees[i].n_tokens, default=0)  # forwarded by padding steps
+    if dist.main:
+        print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
+              f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
+              f"{n_zero_var_groups}/{len(groups)} zero-variance groups, {dist.world} process(es)")
 
     # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
     #    The architecture is checked from its config first, then by a packed-vs-per-path self-test.
-    cuda = torch.cuda.is_available()
-    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
     src = out if resuming else Path(cfg.model)
     model_config = _load_config(src)
     max_depth = max((int(t.position_ids.max()) + 1 for t in trees), default=0)
@@ -245,6 +278,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     except (OSError, ValueError) as e:
         raise UserError(f"{weights}: cannot load the policy ({e})") from None
     self_test(lm, attention)
+    if cfg.activation_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if dist.main:
+        print(memory.estimate_line(memory.shape_of(model_config), cfg, dist.world))
     adapter = None
     if cfg.lora_rank:
         adapter = lora.add_adapter(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
@@ -265,17 +302,24 @@ def train(cfg: TrainConfig) -> TrainResult:
     metrics_path = Path(cfg.metrics) if cfg.metrics else Path(cfg.trees).parent / "train.jsonl"
 
     def save(epochs_done: int, updates_done: int, batch: dict) -> None:
+        # Rank 0 writes; the others wait, so no rank runs ahead of a checkpoint it may resume from.
+        if not dist.main:
+            dist.barrier()
+            return
         state = ckpt.TrainerState(cfg.algo, cfg.epochs, epochs_done, updates_done, epochs_done == cfg.epochs, chosen)
         lm_ = accelerator.unwrap_model(policy).lm
         ckpt.save_checkpoint(out, lm=lm_, tokenizer_dir=src, optimizer=optimizer,
                              state=state, config=cfg, value=accelerator.unwrap_model(value) if value is not None else None,
                              value_optimizer=value_opt, batch_state=batch,
                              lm_state=lora.merged_state_dict(lm_) if adapter is not None else None, adapter=adapter)
+        dist.barrier()
 
     if not trees:
         # Nothing to learn this step (all groups zero-variance, or no rollout above --min-reward):
         # the policy is written unchanged so the loop can go on, and the metrics say why.
         save(cfg.epochs, 0, {})
+        if not dist.main:
+            return TrainResult(out, 0, 0, 0, {})
         with JsonlWriter(metrics_path) as w:
             w.append(MetricsLine(0, {"train/rollouts": 0.0, "train/zero_var_groups": float(n_zero_var_groups),
                                      "train/groups": float(len(groups))}, time.time()).to_json())
@@ -284,13 +328,20 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     # 5) logp_old (and logp_ref, V_old) from the same packed forward before any update.
     budget = cfg.token_budget
+    sizes = [t.n_tokens for t in trees]
+    all_rows = list(range(len(trees)))
+
+    def plan(rows: list[int]) -> list[list[int] | None]:  # this rank's micro-batches of `rows`, padded
+        return padded_plan(rows, sizes, owner, dist.rank, dist.world, budget)
+
     if resuming:
         batch = ckpt.load_batch_state(out)
     else:
-        batch = {"logp_old": _score_all(policy, trees, budget, attention, accelerator)}
+        batch = {"logp_old": _score_all(policy, trees, plan(all_rows), filler, attention, accelerator, dist)}
         if cfg.kl_coef > 0:
+            # The reference model is not wrapped (it takes no gradient), so its calls need not match across ranks.
             ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32)).to(dev)
-            batch["logp_ref"] = _score_all(ref, trees, budget, attention, accelerator)
+            batch["logp_ref"] = _score_all(ref, trees, plan(all_rows), filler, attention, accelerator, dist)
             del ref
     logp_old, logp_ref = batch["logp_old"], batch.get("logp_ref")
     logp_rollout = [t.rollout_logprobs[t.trainable] for t in trees]  # trainable tokens only are scored
@@ -301,28 +352,27 @@ def train(cfg: TrainConfig) -> TrainResult:
     warmup_losses: list[float] = []
     advantages = returns
     if value is not None:
-        all_rows = list(range(len(trees)))
         batch_w = _token_weights(trees, all_rows, cfg.aggregation)  # Σ = 1 over the whole batch
         if not resuming:
             if fresh_value:
                 accelerator.unwrap_model(value).start_at(float(sum((batch_w[i] * returns[i]).sum() for i in all_rows)))
             for _ in range(cfg.value_warmup_steps):
-                warmup_losses.append(_value_step(value, value_opt, accelerator, trees, all_rows, returns, cfg, attention, dev,
-                                                 batch_w))
-            batch["values"] = _score_all(value, trees, budget, attention, accelerator)
+                warmup_losses.append(_value_step(value, value_opt, accelerator, trees, plan(all_rows), filler, returns, cfg,
+                                                 attention, dev, batch_w, dist))
+            batch["values"] = _score_all(value, trees, plan(all_rows), filler, attention, accelerator, dist)
         advantages = [L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)]
         if cfg.norm_adv:
             flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
             advantages = list(flat.split([t.n_trainable for t in trees]))
 
-    if resuming and metrics_path.exists():
+    if resuming and metrics_path.exists() and dist.main:
         # Lines written after the checkpoint we resume from would be repeated: drop them.
         kept = [r for r in read_jsonl(metrics_path).records if r.get("train/update", 0) <= prior.updates_done]
         atomic_write_bytes(metrics_path, b"".join(orjson.dumps(r) + b"\n" for r in kept))
 
     # 7) Epochs × minibatches of clipped updates; each minibatch is one optimizer step, accumulated
     #    over micro-batches with weights that make the sum a token-mean (or rollout-mean) of the minibatch.
-    writer = JsonlWriter(metrics_path)
+    writer = JsonlWriter(metrics_path) if dist.main else None
     update = prior.updates_done if resuming else 0
     last: dict[str, float] = {}
     for epoch in range(prior.epochs_done if resuming else 0, cfg.epochs):
@@ -334,11 +384,14 @@ def train(cfg: TrainConfig) -> TrainResult:
             sums = {k: 0.0 for k in ("loss", "pg_loss", "kl_ref", "clip_frac", "tis_clip_frac", "entropy",
                                       "mismatch_abs", "mismatch_k3", "value_loss", "value_mean", "adv_mean")}
             seq_ratios, tokens_fwd = [], 0
-            for rows in plan_microbatches([trees[i].n_tokens for i in mb_rows], budget):
-                rows = [mb_rows[r] for r in rows]
+            steps = plan(mb_rows)
+            for k, rows in enumerate(steps):
+                pad = rows is None  # a zero-weight step, only there so every rank makes the same calls
+                rows = rows or [filler]
                 mb = collate(trees, rows, attention=attention).to(dev)
-                tokens_fwd += mb.n_tokens
-                w, old, roll = _cat(weights, rows).to(dev), _cat(logp_old, rows).to(dev), _cat(logp_rollout, rows).to(dev)
+                tokens_fwd += 0 if pad else mb.n_tokens
+                w = torch.zeros(trees[filler].n_trainable) if pad else _cat(weights, rows)
+                w, old, roll = w.to(dev), _cat(logp_old, rows).to(dev), _cat(logp_rollout, rows).to(dev)
                 adv = _cat(advantages, rows).to(dev)
                 local_seq = _seq_index(trees, rows).to(dev)
                 with accelerator.autocast():
@@ -355,7 +408,12 @@ def train(cfg: TrainConfig) -> TrainResult:
                         per_tok = per_tok + cfg.kl_coef * kl
                     sums["pg_loss"] += float((w * pg).detach().sum())
                 loss = (w * per_tok).sum()
-                accelerator.backward(loss)
+                # DDP averages gradients over ranks; × world makes the ranks' partial sums add up to the loss.
+                # Gradients are all-reduced once per minibatch, on its last micro-batch.
+                with accelerator.no_sync(policy) if k < len(steps) - 1 else contextlib.nullcontext():
+                    accelerator.backward(loss * dist.world)
+                if pad:
+                    continue
                 # Metrics: each a weighted mean over the minibatch's trainable tokens.
                 lr_ = (old - roll).detach()
                 for k, v in (("loss", loss), ("clip_frac", clipped.float()), ("tis_clip_frac", tis_trunc.float()),
@@ -364,11 +422,14 @@ def train(cfg: TrainConfig) -> TrainResult:
                     if v is not None:
                         sums[k] += float(v.detach().sum()) if k == "loss" else float((w * v.detach()).sum())
                 seq_ratios += [float(x) for x in torch.zeros(len(rows), device=dev).index_add_(0, local_seq, lr_).exp()]
+            sums = dist.sum({**sums, "tokens_forwarded": float(tokens_fwd)})
+            tokens_fwd, seq_ratios = int(sums.pop("tokens_forwarded")), dist.gather_list(seq_ratios)
             grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if value is not None:
-                sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, mb_rows, returns, cfg, attention, dev, weights)
+                sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, plan(mb_rows), filler, returns, cfg,
+                                                 attention, dev, weights, dist)
                 sums["value_mean"] = float(sum((weights[i] * batch["values"][i]).sum() for i in mb_rows))
             update += 1
             dt = time.perf_counter() - t0
@@ -390,28 +451,35 @@ def train(cfg: TrainConfig) -> TrainResult:
             })
             if warmup_losses:
                 vals["train/value_warmup_loss_first"], vals["train/value_warmup_loss_last"] = warmup_losses[0], warmup_losses[-1]
-            writer.append(MetricsLine(update, vals, time.time()).to_json())
             last = vals
+            if writer is None:
+                continue
+            writer.append(MetricsLine(update, vals, time.time()).to_json())
             print(f"update {update} | loss {vals['train/loss']:.4f} | clip {vals['train/clip_frac']:.3f} | "
                   f"entropy {vals['train/entropy']:.3f} | grad {grad_norm:.3f} | {vals['train/tokens_per_s']:.0f} tok/s")
         # 9) Checkpoint after every epoch (atomic); the last one is marked complete.
         save(epoch + 1, update, batch)
-    writer.close()
+    if writer is not None:
+        writer.close()
     return TrainResult(out, update, len(trees), T_total, last)
 
 
-def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights) -> float:
-    """One value-model optimizer step on the given trees: masked ½(V − R)² under the minibatch's weights."""
+def _value_step(value, opt, accelerator, trees, steps, filler, returns, cfg, attention, dev, weights, dist) -> float:
+    """One value-model optimizer step on this rank's micro-batches `steps` (None: a zero-weight padding step):
+    masked ½(V − R)² under the minibatch's weights, summed over ranks."""
     total = 0.0
-    for rows in plan_microbatches([trees[i].n_tokens for i in rows_all], cfg.token_budget):
-        rows = [rows_all[r] for r in rows]
+    for k, rows in enumerate(steps):
+        pad = rows is None
+        rows = rows or [filler]
         mb = collate(trees, rows, attention=attention).to(dev)
         with accelerator.autocast():
             v = value(mb)
-        loss = (_cat(weights, rows).to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()
-        accelerator.backward(loss)
+        w = torch.zeros(trees[filler].n_trainable) if pad else _cat(weights, rows)
+        loss = (w.to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()
+        with accelerator.no_sync(value) if k < len(steps) - 1 else contextlib.nullcontext():
+            accelerator.backward(loss * dist.world)
         total += float(loss.detach())
     accelerator.clip_grad_norm_(value.parameters(), cfg.max_grad_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return total
+    return dist.sum({"v": total})["v"]
