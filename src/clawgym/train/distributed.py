@@ -106,25 +106,35 @@ def accelerator_kwargs() -> list:
     return [InitProcessGroupKwargs(timeout=timedelta(seconds=TIMEOUT_S))]
 
 
+def write_spec(cfg: Any, path: Path) -> None:
+    """The TrainConfig as JSON for the launched ranks, which run it themselves (processes = 1)."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    fields.update(processes=1, accelerate_config=None)
+    path.write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in fields.items()}))
+
+
+def launch_command(processes: int, accelerate_config: Path | None = None) -> list[str]:
+    """`accelerate launch` with N processes, before the script and its arguments."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
+    if accelerate_config is not None:
+        cmd += ["--config_file", str(accelerate_config)]
+    else:  # DDP over the local GPUs; on a CPU-only machine accelerate makes it gloo CPU ranks (MULTI_CPU)
+        cmd += ["--multi_gpu"]
+    return cmd
+
+
 def launch(cfg: Any, processes: int, accelerate_config: Path | None = None) -> None:
     """Run `train(cfg)` in `processes` ranks under `accelerate launch`; a failed rank is one UserError."""
     if processes < 1:
         raise UserError(f"[train] processes must be at least 1, got {processes}")
-    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    fields.update(processes=1, accelerate_config=None)  # the children are the ranks; they do not launch again
-    spec = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="clawgym-train-", delete=False)
-    with spec:
-        json.dump({k: str(v) if isinstance(v, Path) else v for k, v in fields.items()}, spec)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
-    if accelerate_config is not None:
-        cmd += ["--config_file", str(accelerate_config)]
-    elif not torch.cuda.is_available():
-        cmd += ["--cpu"]
-    cmd += ["-m", "clawgym.train.distributed", spec.name]
+    fd, spec = tempfile.mkstemp(suffix=".json", prefix="clawgym-train-")
+    os.close(fd)
+    write_spec(cfg, Path(spec))
     try:
-        rc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}).returncode
+        rc = subprocess.run(launch_command(processes, accelerate_config) + ["-m", "clawgym.train.distributed", spec],
+                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}).returncode
     finally:
-        os.unlink(spec.name)
+        os.unlink(spec)
     if rc != 0:
         raise UserError(f"train on {processes} processes failed (exit code {rc}; a rank died or timed out); "
                         f"the last epoch checkpoint in {cfg.out} is kept: rerun with --resume")

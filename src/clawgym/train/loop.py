@@ -446,6 +446,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 "train/tokens_saved": float(sum(t.path_tokens - t.n_tokens for t in trees)),
                 "train/trainable_tokens": float(sum(trees[i].n_trainable for i in mb_rows)),
                 "train/rollouts": float(len(mb_rows)), "train/groups": float(len(groups)),
+                "train/processes": float(dist.world),
                 "train/zero_var_groups": float(n_zero_var_groups),
                 "train/tis_seq_ratio": sum(seq_ratios) / len(seq_ratios),
             })
