@@ -34,6 +34,7 @@ from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
 from clawgym.train import lora
 from clawgym.train import memory
+from clawgym.train.precision import MasterWeights, enable_activation_checkpointing
 from clawgym.train.distributed import Dist, accelerator_kwargs, launch, padded_plan, shard
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
@@ -274,12 +275,13 @@ def train(cfg: TrainConfig) -> TrainResult:
     # Under LoRA the weights stay those of the start model; a resumed call puts its saved adapter back on them.
     weights = Path(cfg.model) if cfg.lora_rank else src
     try:
-        lm = AutoModelForCausalLM.from_pretrained(weights, attn_implementation=attn, dtype=torch.float32)
+        lm = AutoModelForCausalLM.from_pretrained(weights, attn_implementation=attn,
+                                                  dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
     except (OSError, ValueError) as e:
         raise UserError(f"{weights}: cannot load the policy ({e})") from None
     self_test(lm, attention)
     if cfg.activation_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(lm)
     if dist.main:
         print(memory.estimate_line(memory.shape_of(model_config), cfg, dist.world))
     adapter = None
@@ -287,7 +289,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         adapter = lora.add_adapter(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
                                    resume_from=out / lora.ADAPTER_DIR if resuming else None)
     policy = PackedPolicy(lm)
-    optimizer = torch.optim.AdamW(lora.trainable(policy), lr=cfg.lr, weight_decay=0.0)
+    master = MasterWeights(lora.trainable(policy)) if cfg.precision == "bf16" else None
+    optimizer = torch.optim.AdamW(master.masters if master else lora.trainable(policy), lr=cfg.lr, weight_decay=0.0)
     if resuming or not cfg.lora_rank:  # a fresh adapter has nothing to do with an earlier step's moments
         ckpt.load_optimizer(optimizer, src / ckpt.OPTIMIZER_FILE)
     policy, optimizer = accelerator.prepare(policy, optimizer)
@@ -425,7 +428,12 @@ def train(cfg: TrainConfig) -> TrainResult:
             sums = dist.sum({**sums, "tokens_forwarded": float(tokens_fwd)})
             tokens_fwd, seq_ratios = int(sums.pop("tokens_forwarded")), dist.gather_list(seq_ratios)
             grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
+            if master is not None:
+                master.grads_in()
             optimizer.step()
+            if master is not None:
+                master.weights_out()
+                policy.zero_grad(set_to_none=True)
             optimizer.zero_grad(set_to_none=True)
             if value is not None:
                 sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, plan(mb_rows), filler, returns, cfg,
