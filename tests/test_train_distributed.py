@@ -120,3 +120,5 @@ def test_bad_process_counts_are_one_line_errors(uneven, tiny_model, tmp_path):
         train(_cfg(uneven, tiny_model, tmp_path / "o", processes=0))
     with pytest.raises(UserError, match="--precision must be one of"):
         train(_cfg(uneven, tiny_model, tmp_path / "o", precision="fp8"))
+    with pytest.raises(UserError, match="no such file"):
+        train(_cfg(uneven, tiny_model, tmp_path / "o", processes=2, accelerate_config=tmp_path / "missing.yaml"))

@@ -132,6 +132,8 @@ def _check(cfg: TrainConfig) -> None:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     if cfg.processes < 1:
         raise UserError(f"--processes must be at least 1, got {cfg.processes}")
+    if cfg.accelerate_config is not None and not Path(cfg.accelerate_config).is_file():
+        raise UserError(f"--accelerate-config {cfg.accelerate_config}: no such file")
     if cfg.attention not in ("auto", *ATTENTIONS):
         raise UserError(f"--attention must be one of auto, {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
     if cfg.attention == "flex" and not torch.cuda.is_available():
