@@ -390,7 +390,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                                       "mismatch_abs", "mismatch_k3", "value_loss", "value_mean", "adv_mean")}
             seq_ratios, tokens_fwd = [], 0
             steps = plan(mb_rows)
-            for k, rows in enumerate(steps):
+            for j, rows in enumerate(steps):
                 pad = rows is None  # a zero-weight step, only there so every rank makes the same calls
                 rows = rows or [filler]
                 mb = collate(trees, rows, attention=attention).to(dev)
@@ -415,7 +415,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 loss = (w * per_tok).sum()
                 # DDP averages gradients over ranks; × world makes the ranks' partial sums add up to the loss.
                 # Gradients are all-reduced once per minibatch, on its last micro-batch.
-                with accelerator.no_sync(policy) if k < len(steps) - 1 else contextlib.nullcontext():
+                with accelerator.no_sync(policy) if j < len(steps) - 1 else contextlib.nullcontext():
                     accelerator.backward(loss * dist.world)
                 if pad:
                     continue
