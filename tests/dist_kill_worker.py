@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from clawgym.train import distributed
+from clawgym.train import loop
 
 kill_rank, kill_at = int(sys.argv[2]), int(sys.argv[3])
 real_step, calls = torch.optim.AdamW.step, []
@@ -22,4 +22,4 @@ def dying_step(self, *a, **k):
 
 
 torch.optim.AdamW.step = dying_step
-sys.exit(distributed._main(sys.argv[1:2]))
+sys.exit(loop.main(sys.argv[1:2]))

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym.config import load_recipe
-from clawgym.engines.base import EngineConfig, EngineError, Sampling, make_engine
+from clawgym.engines import EngineConfig, EngineError, Sampling, make_engine
 from clawgym.engines.teacher import read_prompt
 from clawgym.errors import UserError
 from clawgym.rollout.harnesses.agentloop import SYSTEM_PROMPT, TOOLS

@@ -227,3 +227,30 @@ def test_stop_sequences_cut_the_turn_and_the_record(proxy, tiny_tokenizer):
     kept = tiny_tokenizer.decode(first.output_ids)
     assert "STOP" in kept and "delta" not in kept and first.finish_reason == "stop"
     assert len(first.output_logprobs) == len(first.output_ids)
+
+
+def test_claude_code_billing_fingerprint_is_normalized_and_recorded_as_sent(proxy, tiny_tokenizer):
+    """Claude Code's first system line carries a per-run fingerprint (cc_version=2.1.197.XXX): two
+    runs of one task must tokenize to the same prompt, and each record keeps the line as it came."""
+    prompts, sent = [], []
+    for rid, fp in (("bill-a", "38b"), ("bill-b", "920")):
+        reg = proxy.register(rid, script=["ok"])
+        a = anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0)
+        system = [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.{fp}; cc_entrypoint=sdk-cli;"},
+                  {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}]
+        a.messages.create(model="m", max_tokens=20, system=system, messages=[{"role": "user", "content": "go"}])
+        proxy.settle(rid)
+        (rec,) = read_records(proxy.config.records_dir / f"{rid}.jsonl")
+        prompts.append(rec.prompt_ids)
+        sent.append(json.loads(rec.normalized_json))
+    assert prompts[0] == prompts[1]
+    text = tiny_tokenizer.decode(prompts[0])
+    assert "x-anthropic-billing-header: cc_version=2.1.197; cc_entrypoint=sdk-cli;You are a Claude agent." in text
+    assert sent == [{"billing_header": f"x-anthropic-billing-header: cc_version=2.1.197.{fp}"} for fp in ("38b", "920")]
+    # a system prompt without the line is left alone and records nothing
+    reg = proxy.register("bill-none", script=["ok"])
+    anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0).messages.create(
+        model="m", max_tokens=20, system="cc_version=2.1.197.38b", messages=[{"role": "user", "content": "go"}])
+    proxy.settle("bill-none")
+    (rec,) = read_records(proxy.config.records_dir / "bill-none.jsonl")
+    assert rec.normalized_json == "{}" and "cc_version=2.1.197.38b" in tiny_tokenizer.decode(rec.prompt_ids)

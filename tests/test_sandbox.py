@@ -242,7 +242,8 @@ def test_sandboxes_cannot_see_each_other(tmp_path: Path) -> None:
     with open_sandbox("local", None, cfg) as a, open_sandbox("local", None, cfg) as b:
         (a.workspace / "secret.txt").write_text("a's secret")
         r = b.run(["sh", "-c", f"cat {a.workspace}/secret.txt; ls {cfg.base_dir}; echo hi > {a.workspace}/planted"], timeout=10)
-        assert "a's secret" not in r.stdout() and r.stdout().split() == [b.root.name]
+        # b sees neither a's folder nor its own host folder: its files are at fixed paths
+        assert "a's secret" not in r.stdout() and r.stdout().split() == []
         assert not (a.workspace / "planted").exists()
         r = b.run(["sh", "-c", "echo x > /etc/clawgym-test || echo readonly"], timeout=10)
         assert "readonly" in r.stdout() and not Path("/etc/clawgym-test").exists()
@@ -308,3 +309,45 @@ def test_two_sandboxes_with_the_same_id_do_not_kill_each_others_processes(tmp_pa
     finally:
         a.close()
         b.close()
+
+
+BWRAP = pytest.mark.skipif(namespace_problem("bwrap") is not None, reason=f"bwrap: {namespace_problem('bwrap')}")
+
+
+@BWRAP
+def test_bwrap_shows_one_fixed_layout_in_every_sandbox(tmp_path: Path) -> None:
+    """Two sandboxes of one task show their commands the same paths: no random host folder reaches
+    the harness (its working directory goes into the prompt), and writes still land on the host."""
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "a.txt").write_text("seed")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "check.py").write_text("print(1)")
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network="bwrap")
+    script = 'pwd; echo "$HOME $TMPDIR $CLAWGYM_WORKSPACE"; cat a.txt; echo; echo out > b.txt; touch "$HOME/h" "$TMPDIR/t"; ' \
+             'touch /x 2>/dev/null || echo root-ro; ls "$0" 2>/dev/null || echo host-hidden'
+    seen = []
+    for _ in range(2):
+        with open_sandbox("local", seed, cfg) as sb:
+            r = sb.run(["sh", "-c", script, str(sb.root)], timeout=20)
+            assert r.exit_code == 0, r.stderr()
+            seen.append(r.stdout())
+            assert (sb.workspace / "b.txt").read_text() == "out\n" and (sb.home / "h").exists() and (sb.tmp / "t").exists()
+            assert sb.path_inside(sb.workspace / "b.txt") == "/workspace/b.txt"
+            inside_tests = sb.install_tests(tests)
+            note = sb.put_file("verifier/note.txt", b"private")
+            r = sb.run(["sh", "-c", f'cat {inside_tests}/check.py "{note}"'], timeout=20)
+            assert (inside_tests, note, r.stdout()) == ("/sandbox/tests", "/sandbox/files/verifier/note.txt", "print(1)private")
+            with pytest.raises(SandboxError, match="not visible"):
+                sb.path_inside(sb.logs)
+    assert seen[0] == seen[1] == "/workspace\n/sandbox/home /sandbox/tmp /workspace\nseed\nroot-ro\nhost-hidden\n"
+
+
+@BWRAP
+@pytest.mark.parametrize("workdir", ["workspace", "/tmp/w", "/sandbox", "/usr/w", "/"])
+def test_bwrap_refuses_a_workdir_it_cannot_mount(tmp_path: Path, workdir: str) -> None:
+    cfg = SandboxConfig(base_dir=tmp_path / "sb", network="bwrap", workdir=workdir)
+    with pytest.raises(SandboxError, match="sandbox workdir"):
+        open_sandbox("local", None, cfg)
+    assert list((tmp_path / "sb").iterdir()) == []  # nothing left behind

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from clawgym.errors import UserError
 from clawgym.proxy import ProxyConfig, ProxyThread, read_records
+from clawgym.proxy.client import ProxyUnavailable
 
 # --------------------------------------------------------------------------------------------
 # The proxy under fuzzing
@@ -384,9 +385,9 @@ def test_a_rollouts_key_cannot_touch_another_rollout(proxy):
     assert proxy.server.recorder.path("iso-b").read_bytes() == before
     assert proxy.server.engine.remaining("iso-b") == 1 and proxy.server.engine.remaining("iso-a") == 2
     # Re-registering B (with the admin token) does not hand out a second key for it.
-    with pytest.raises(Exception) as e:
+    with pytest.raises(ProxyUnavailable) as e:
         proxy.register("iso-b")
-    assert getattr(e.value, "code", None) == 409
+    assert e.value.status == 409
     # A rollout id that would be a path outside the records folder is refused at registration.
     for bad in ["../evil", "..", "/abs", "a/b", ".hidden", "x" * 200, "a\x00b"]:
         s, _ = request(proxy, "POST", "/admin/rollouts", orjson.dumps({"rollout_id": bad}),

@@ -22,7 +22,7 @@ from clawgym.tasks.importers import import_tasks
 from clawgym.tasks.pinchbench import split_sections
 from clawgym.tasks.rubric import parse_rubric
 from clawgym.tasks.spec import safe_relpath
-from clawgym.tasks.validate import validate_tasks
+from clawgym.rollout.validate import validate_tasks
 from clawgym.tasks.writer import dump_toml
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "tasks"

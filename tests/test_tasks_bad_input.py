@@ -16,7 +16,7 @@ from clawgym.cli import app
 from clawgym.errors import UserError
 from clawgym.rollout.sandbox import SandboxConfig
 from clawgym.tasks.importers import import_tasks
-from clawgym.tasks.validate import validate_tasks
+from clawgym.rollout.validate import validate_tasks
 from test_tasks import PINCH, _clawgym_src, make_task
 
 LATIN1 = "Résumé: écrire 42.\n".encode("latin-1")  # é is 0xe9: not UTF-8

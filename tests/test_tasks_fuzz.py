@@ -24,7 +24,7 @@ from clawgym.errors import UserError
 from clawgym.rollout.sandbox import SandboxConfig
 from clawgym.tasks.importers import import_tasks
 from clawgym.tasks.source import UNEXPECTED
-from clawgym.tasks.validate import validate_tasks
+from clawgym.rollout.validate import validate_tasks
 from test_tasks import PINCH
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,

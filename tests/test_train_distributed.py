@@ -13,7 +13,8 @@ from clawgym.artifacts import RolloutRecord, TreeNode, read_metrics, write_table
 from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
 from clawgym.train.distributed import launch_command, padded_plan, shard, write_spec
-from clawgym.train.loop import TrainConfig, train
+from clawgym.train.config import TrainConfig
+from clawgym.train.loop import train
 
 PROMPT = list(range(40, 60))
 TOOL = list(range(300, 310))

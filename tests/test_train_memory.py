@@ -9,7 +9,8 @@ import torch
 
 from clawgym.artifacts import RolloutRecord, TreeNode, write_table
 from clawgym.train import memory as M
-from clawgym.train.loop import TrainConfig, train
+from clawgym.train.config import TrainConfig
+from clawgym.train.loop import train
 
 
 def test_parameter_counts_match_the_published_qwen3_sizes():

@@ -97,6 +97,9 @@ class CallRecord:
     """sampling parameters the request asked for (temperature, top_p, max_tokens, ...), as JSON"""
     render_mode: str = "full"
     """incremental | full: how the proxy rendered this prompt"""
+    normalized_json: str = "{}"
+    """request text the proxy rewrote before tokenizing, as sent: {what: original} as JSON (e.g.
+    Claude Code's per-run billing-line fingerprint, docs/harnesses.md)"""
 
     KIND: ClassVar[str] = "calls"
     SCHEMA: ClassVar[pa.Schema]
@@ -270,6 +273,7 @@ CallRecord.SCHEMA = pa.schema(
         ("system_hash", pa.string()),
         ("sampling_json", pa.string()),
         ("render_mode", pa.string()),
+        ("normalized_json", pa.string()),
     ]
 )
 

@@ -19,6 +19,8 @@ from rich.console import Console
 
 from clawgym import __version__
 from clawgym.errors import UserError
+from clawgym.fields import cli_parameters
+from clawgym.train.config import TrainConfig
 
 app = typer.Typer(
     name="clawgym",
@@ -34,6 +36,18 @@ _CHAT_TEMPLATE_HELP = ("A Jinja chat template, or a shipped one (chatml-tools, s
 
 
 JSON_HELP = "Print the result as one JSON object on stdout; tables, progress and the summary line go to stderr."
+
+
+def _with_fields(command: Callable, config: type, optional: dict[str, str]) -> None:
+    """Give `command` (whose signature ends in **options) one option per field of `config`; Typer
+    reads the signature, so the options are the fields' own names, defaults and help."""
+    import inspect
+
+    sig = inspect.signature(command)
+    fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    arguments = [p for p in fixed if isinstance(p.default, typer.models.ArgumentInfo)]
+    rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed if p not in arguments]  # e.g. --json, after the fields
+    command.__signature__ = sig.replace(parameters=arguments + cli_parameters(config, optional=optional) + rest)
 
 
 @contextlib.contextmanager
@@ -258,43 +272,10 @@ def build_trees(
 # --- optimize ----------------------------------------------------------------------------------
 
 
-@app.command("train")
 def train(
     step: Optional[Path] = typer.Argument(None, help="A step directory holding trees.parquet and rollouts.parquet."),
-    model: Path = typer.Option(..., help="Policy checkpoint to start from (HF directory)."),
-    out: Path = typer.Option(..., help="Checkpoint directory to write (HF format + optimizer + trainer state)."),
-    trees: Optional[Path] = typer.Option(None, help="trees.parquet (default: STEP/trees.parquet)."),
-    rollouts: Optional[Path] = typer.Option(None, help="rollouts.parquet (default: STEP/rollouts.parquet)."),
-    algo: str = typer.Option("grpo", help="grpo | ppo | sft."),
-    metrics: Optional[Path] = typer.Option(None, help="train.jsonl to append to (default: beside trees.parquet)."),
-    lr: float = typer.Option(1e-5, help="Policy learning rate (AdamW)."),
-    epochs: int = typer.Option(1, help="Passes over the batch."),
-    minibatches: int = typer.Option(1, help="Optimizer steps per epoch."),
-    clip_low: float = typer.Option(0.2, help="ε below 1 for the ratio clip."),
-    clip_high: float = typer.Option(0.2, help="ε above 1 for the ratio clip."),
-    tis: str = typer.Option("token", help="Truncated importance sampling: token | sequence | off."),
-    tis_cap: float = typer.Option(2.0, help="Truncation C of the importance weights."),
-    kl_coef: float = typer.Option(0.0, help="β of the k3 KL to --ref-model."),
-    ref_model: Optional[Path] = typer.Option(None, help="Reference policy for the KL term."),
-    aggregation: str = typer.Option("token-mean", help="token-mean | rollout-mean."),
-    token_budget: int = typer.Option(8192, help="Padded tokens per micro-batch."),
-    attention: str = typer.Option("auto", help="Packed-tree attention: auto (flex on CUDA, segments on CPU) | segments | dense | flex."),
-    max_grad_norm: float = typer.Option(1.0, help="Gradient clipping norm."),
-    value_lr: float = typer.Option(1e-5, help="PPO: value model learning rate."),
-    value_warmup_steps: int = typer.Option(0, help="PPO: value-only updates before the policy moves."),
-    norm_adv: bool = typer.Option(True, "--norm-adv/--no-norm-adv", help="PPO: whiten the advantages over the batch."),
-    min_reward: float = typer.Option(1.0, help="SFT: keep rollouts with at least this reward."),
-    lora_rank: int = typer.Option(0, help="LoRA: train rank-R adapters instead of every weight (0: full); checkpoints hold them merged."),
-    lora_alpha: float = typer.Option(16.0, help="LoRA: adapter scale (update = alpha / rank · B·A)."),
-    lora_targets: str = typer.Option("all-linear", help="LoRA: modules to adapt, comma-separated (q_proj,v_proj) or all-linear."),
-    processes: int = typer.Option(1, help="Data-parallel ranks: > 1 runs the call under accelerate launch (docs/training.md)."),
-    accelerate_config: Optional[Path] = typer.Option(None, help="An accelerate config YAML for those ranks (FSDP, GPUs)."),
-    precision: str = typer.Option("fp32", help="fp32 | bf16 (bf16 weights, fp32 master weights and optimizer state)."),
-    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Recompute each layer in the backward."),
-    seed: int = typer.Option(0, help="Seed for minibatch order and adapter initialization."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted call from the checkpoint in --out."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the checkpoint in --out."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    **options: Any,
 ) -> None:
     """Update the policy with GRPO, PPO or SFT over the step's packed prefix trees.
 
@@ -302,19 +283,26 @@ def train(
 
     Example: clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
     """
-    from clawgym.train.loop import TrainConfig, train as _train
+    from clawgym.train.loop import train as _train
 
+    trees, rollouts = options.pop("trees"), options.pop("rollouts")
     if trees is None or rollouts is None:
         if step is None:
             raise UserError("give a step directory, or both --trees and --rollouts")
         trees, rollouts = trees or step / "trees.parquet", rollouts or step / "rollouts.parquet"
-    args = {k: v for k, v in locals().items() if k in TrainConfig.__dataclass_fields__}
     with _result(json_out) as report:
-        result = _train(TrainConfig(**args))
+        result = _train(TrainConfig(trees=trees, rollouts=rollouts, **options))
         report(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens",
                {"checkpoint": Path(result.out).resolve(), "updates": result.updates, "rollouts": result.rollouts,
                 "trainable_tokens": result.trainable_tokens,
                 "last_update": {k.removeprefix("train/"): v for k, v in result.last.items()}})
+
+
+# `clawgym train`'s options are TrainConfig's fields (clawgym.fields): one default and help for each,
+# shared with the recipe's [train] section and docs/config.md.
+_with_fields(train, TrainConfig, optional={"trees": "trees.parquet (default: STEP/trees.parquet).",
+                                           "rollouts": "rollouts.parquet (default: STEP/rollouts.parquet)."})
+app.command("train")(train)
 
 
 # --- sync --------------------------------------------------------------------------------------
@@ -513,7 +501,7 @@ def tasks_validate(
     """
     from clawgym.artifacts import atomic_write_bytes
     from clawgym.rollout.sandbox import SandboxConfig
-    from clawgym.tasks.validate import print_report, validate_tasks
+    from clawgym.rollout.validate import print_report, validate_tasks
 
     with err.status(f"validating tasks in {path}"):
         report = validate_tasks(path, sandbox=sandbox, sandbox_config=SandboxConfig(network=network), jobs=jobs)

@@ -24,102 +24,101 @@ import dataclasses
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from clawgym.errors import UserError
+from clawgym.fields import help_of, option, reference
+from clawgym.rollout.config import HARNESS_NAMES, RolloutConfig
 from clawgym.templates import SHIPPED, load_chat_template
+from clawgym.train.config import TrainConfig
 
 
 @dataclass
 class RunSection:
-    name: str = "run"
-    dir: Path | None = None
-    """the run directory; default runs/<name> beside the recipe"""
-    steps: int = 10
-    seed: int = 0
+    name: str = option("run", "the run's name; its directory is runs/<name> beside the recipe unless `dir` is given")
+    dir: Path | None = option(None, "the run directory; default runs/<name> beside the recipe")
+    steps: int = option(10, "loop steps (rollouts → trees → train → sync)")
+    seed: int = option(0, "the training seed: step N trains with seed + N")
 
 
 @dataclass
 class ModelSection:
-    path: Path | None = None
-    init: str | None = None
-    """make the starting policy with init-model: tiny | small"""
-    init_seed: int = 0
+    path: Path | None = option(None, "the starting policy: an HF model directory (give this or `init`)")
+    init: str | None = option(None, "or make it with init-model (tiny | small) into RUN/model-init")
+    init_seed: int = option(0, "init-model's seed")
 
 
 @dataclass
 class EngineSection:
-    name: str = "hf"
-    tool_parser: str = "auto"
-    """the proxy's tool-call parser: auto (from the chat template) or a name in clawgym.proxy.toolparse.PARSERS"""
-    chat_template: str | None = None
-    """a Jinja file (relative to the recipe) or a shipped template name replacing the model's (templates.py)"""
-    options: dict[str, Any] = field(default_factory=dict)
+    name: str = option("hf", "the proxy's engine: hf | scripted | teacher | vllm | remote (docs/engines.md)")
+    tool_parser: str = option("auto", "the proxy's tool-call parser: auto (from the chat template) or a name in clawgym.proxy.toolparse.PARSERS")
+    chat_template: str | None = option(None, "a Jinja file (relative to the recipe) or a shipped template name replacing the model's (templates.py)")
+    options: dict[str, Any] = option(help="every other key of [engine]: the engine's options (docs/engines.md)", factory=dict)
 
 
-@dataclass
-class RolloutSection:
-    tasks: Path | None = None
-    harnesses: list[str] = field(default_factory=lambda: ["agentloop"])
-    n: int = 8
-    concurrency: int = 8
-    timeout: float | None = None
-    sandbox: str = "local"
-    network: str = "auto"
-    judge_url: str | None = None
-    judge_model: str = "judge"
-    harness_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+# [rollout]: RolloutConfig's own fields (names, types, help), with the recipe's defaults; the loop
+# fills the rest (out, step, the engine's and Ray's from their sections). Two keys build the verifier.
+ROLLOUT_KEYS = {"tasks": None, "harnesses": ["agentloop"], "n": 8, "concurrency": 8, "timeout_s": None, "sandbox": "local",
+                "network": "auto", "harness_options": {}}
+RENAMED_KEYS = {"rollout": {"timeout": "timeout_s"}}
+"""recipe keys that were renamed to their stage config's field: the old name still loads"""
+
+
+def _rollout_field(f: dataclasses.Field) -> tuple[str, Any, Any]:
+    default = ROLLOUT_KEYS[f.name]
+    kind = Path | None if f.name == "tasks" else f.type  # the section may leave tasks to [offline]
+    if isinstance(default, (list, dict)):
+        return f.name, kind, option(help=help_of(f), factory=lambda d=default: type(d)(d))
+    return f.name, kind, option(default, help_of(f))
+
+
+RolloutSection = dataclasses.make_dataclass("RolloutSection", [
+    *(_rollout_field(f) for f in dataclasses.fields(RolloutConfig) if f.name in ROLLOUT_KEYS),
+    ("judge_url", "str | None", option(None, "an OpenAI-compatible rubric judge; without one, code scores only")),
+    ("judge_model", "str", option("judge", "the model name the judge is asked for")),
+])
+RolloutSection.__doc__ = "[rollout]: fields of RolloutConfig (rollout/config.py) with the recipe's defaults, plus the judge."
+RolloutSection.__module__ = __name__
 
 
 @dataclass
 class TreesSection:
-    max_leaves: int = 64
+    max_leaves: int = option(64, "a rollout whose tree has more leaves than this is dropped")
 
 
 @dataclass
 class EvalSection:
-    every: int = 0
-    tasks: Path | None = None
-    n: int = 4
-    harnesses: list[str] = field(default_factory=list)
-    """default: the rollout harnesses"""
+    every: int = option(0, "evaluate the policy every this many steps (0 = never)")
+    tasks: Path | None = option(None, "held-out tasks; default: the rollout tasks")
+    n: int = option(4, "rollouts per task and harness")
+    harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
 
 
 @dataclass
 class RaySection:
-    address: str | None = None
-    """run each rollout as a Ray task: auto | local | HOST:PORT | ray://HOST:PORT (docs/scale.md)"""
-    num_cpus: float = 1.0
-    """CPUs each rollout task asks Ray for"""
-    proxy_host: str = "127.0.0.1"
-    """where the run's proxy listens: 0.0.0.0 on a multi-node cluster, so the worker nodes reach it"""
+    address: str | None = option(None, "run each rollout as a Ray task: auto | local | HOST:PORT | ray://HOST:PORT (docs/scale.md)")
+    num_cpus: float = option(1.0, "CPUs each rollout task asks Ray for")
+    proxy_host: str = option("127.0.0.1", "where the run's proxy listens: 0.0.0.0 on a multi-node cluster, so the worker nodes reach it")
 
 
 @dataclass
 class SftSection:
-    n: int = 0
-    """teacher trajectories per task–harness pair; 0 = no cold start"""
-    tasks: Path | None = None
-    """default: the rollout tasks"""
-    harnesses: list[str] = field(default_factory=list)
-    """default: the rollout harnesses"""
-    engine: str = "teacher"
-    """the engine that plays the teacher, serving the student's tokenizer"""
-    family: str | None = None
-    """the teacher engine's task family (docs/tasks.md)"""
-    epochs: int = 4
-    minibatches: int = 4
-    """optimizer steps per epoch"""
-    lr: float = 1e-3
-    min_reward: float = 1.0
-    """train only on teacher trajectories scoring at least this"""
+    n: int = option(0, "teacher trajectories per task–harness pair; 0 = no cold start")
+    tasks: Path | None = option(None, "default: the rollout tasks")
+    harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
+    engine: str = option("teacher", "the engine that plays the teacher, serving the student's tokenizer")
+    family: str | None = option(None, "the teacher engine's task family (docs/tasks.md)")
+    epochs: int = option(4, "passes over the teacher trajectories")
+    minibatches: int = option(4, "optimizer steps per epoch")
+    lr: float = option(1e-3, "the cold start's learning rate")
+    min_reward: float = option(1.0, "train only on teacher trajectories scoring at least this")
 
 
 @dataclass
 class OfflineSection:
-    from_run: Path | None = None
+    from_run: Path | None = option(None, "train on this finished run's saved trees instead of collecting rollouts")
 
 
 @dataclass
@@ -168,13 +167,17 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset()) -> Any:
-    hints = typing.get_type_hints(cls)
+def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(), renamed: dict[str, str] | None = None) -> Any:
+    hints = typing.get_type_hints(cls, globalns=globals())
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in table.items():
         if key in extra_ok:
             continue
+        if renamed and key in renamed:
+            if renamed[key] in table:
+                raise UserError(f"{where}: give '{renamed[key]}' only ('{key}' is its old name)")
+            key = renamed[key]
         if key not in known:
             raise UserError(f"{where}: unknown key '{key}'; known: {', '.join(sorted(known))}")
         kwargs[key] = _check_type(value, hints[key], f"{where} key '{key}'")
@@ -182,9 +185,6 @@ def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    from clawgym.rollout.harnesses import HARNESSES
-    from clawgym.train.loop import TrainConfig
-
     path = Path(path).resolve()
     if not path.is_file():
         raise UserError(f"{path}: no such recipe file")
@@ -200,13 +200,13 @@ def load_recipe(path: str | Path) -> Recipe:
         table = doc.get(name, {})
         if not isinstance(table, dict):
             raise UserError(f"{path}: [{name}] must be a table")
-        extra = set(HARNESSES) if name == "rollout" else set()
+        extra = set(HARNESS_NAMES) if name == "rollout" else set()
         if name == "engine":
             sections[name] = _engine_section(table, f"{path} [engine]")
             continue
-        sections[name] = _section(cls, table, f"{path} [{name}]", extra)
+        sections[name] = _section(cls, table, f"{path} [{name}]", extra, RENAMED_KEYS.get(name))
         if name == "rollout":
-            sections[name].harness_options = {h: table[h] for h in HARNESSES if isinstance(table.get(h), dict)}
+            sections[name].harness_options = {h: table[h] for h in HARNESS_NAMES if isinstance(table.get(h), dict)}
     train = doc.get("train", {})
     tc_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     hints = typing.get_type_hints(TrainConfig)
@@ -217,7 +217,7 @@ def load_recipe(path: str | Path) -> Recipe:
         train[key] = _check_type(value, hints[key], f"{path} [train] key '{key}'")
     recipe = Recipe(path=path, train=train, **sections)
     _resolve_paths(recipe)
-    _validate(recipe, HARNESSES)
+    _validate(recipe, HARNESS_NAMES)
     return recipe
 
 
@@ -248,7 +248,7 @@ def _resolve_paths(r: Recipe) -> None:
         r.engine.chat_template = str((base / template).resolve())
 
 
-def _validate(r: Recipe, harnesses: dict) -> None:
+def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     where = str(r.path)
     if (r.model.path is None) == (r.model.init is None):
         raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small)")
@@ -274,7 +274,7 @@ def _validate(r: Recipe, harnesses: dict) -> None:
 
 
 def _validate_sft(r: Recipe, where: str) -> None:
-    from clawgym.engines.base import ENGINES
+    from clawgym.engines.registry import ENGINES
 
     s = r.sft
     if s.n < 0:
@@ -322,3 +322,21 @@ def recipe_to_toml(r: Recipe) -> str:
         "ray": plain(dataclasses.asdict(r.ray)),
     }
     return dump_toml(doc)
+
+
+def reference_markdown() -> str:
+    """The field tables of docs/config.md, made from the fields' own help (a test keeps the file equal to this)."""
+    parts = []
+    for name, cls in _SECTIONS.items():
+        note = {"engine": " (`options` stands for every other key: they are the engine's options)",
+                "rollout": " (and `[rollout.<harness>]` tables: that harness adapter's options; `timeout` is read as `timeout_s`)"}.get(name, "")
+        parts.append(f"### [{name}]{note}\n\n{reference(cls)}")
+    parts.append("### [train]\n\nEvery `clawgym train` option, by its field name (`clawgym train --help` shows the same help):\n\n"
+                 + reference(TrainConfig, skip=_TRAIN_FILLED))
+    parts.append("### `clawgym train` only\n\nThe loop fills these per step; a recipe may not set them.\n\n"
+                 + reference(TrainConfig, skip={f.name for f in dataclasses.fields(TrainConfig)} - _TRAIN_FILLED))
+    parts.append("### RolloutConfig (`clawgym rollout`, rollout.config.json)\n\n"
+                 "The rollout stage's whole config; the recipe's [rollout] keys are the ones above, the loop fills the rest.\n\n"
+                 + reference(RolloutConfig))
+    return "\n\n".join(parts) + "\n"
+

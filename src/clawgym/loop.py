@@ -160,7 +160,7 @@ def rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *,
     return RolloutConfig(tasks=tasks or ro.tasks, harnesses=harnesses or ro.harnesses, out=out, n=n or ro.n,
                          concurrency=ro.concurrency, engine=recipe.engine.name, engine_options=dict(recipe.engine.options),
                          chat_template=recipe.engine.chat_template,
-                         timeout_s=ro.timeout, sandbox=ro.sandbox, network=ro.network, step=step,
+                         timeout_s=ro.timeout_s, sandbox=ro.sandbox, network=ro.network, step=step,
                          policy_version=policy_version, harness_options=ro.harness_options, verifier=VerifierConfig.with_judge(ro.judge_url, ro.judge_model),
                          ray=recipe.ray.address, ray_num_cpus=recipe.ray.num_cpus, proxy_host=recipe.ray.proxy_host,
                          tool_parser=recipe.engine.tool_parser)

@@ -1,7 +1,7 @@
 """The engine interface: token ids in, sampled token ids + logprobs out; reload weights from a checkpoint.
 
 The serving proxy renders every request into prompt token ids and hands them to an engine; the
-engine never sees text. Engines are looked up by name in `ENGINES` (name -> factory taking an
+engine never sees text. Engines are looked up by name in `registry.ENGINES` (name -> factory taking an
 `EngineConfig`), so adding one (vllm, remote) is a new module plus one dict entry — no registry,
 no class names in config.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from clawgym.errors import UserError
 
@@ -78,53 +78,6 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         ...
-
-
-def _hf(config: EngineConfig) -> Engine:
-    from clawgym.engines.hf import HFEngine
-
-    return HFEngine.from_config(config)
-
-
-def _scripted(config: EngineConfig) -> Engine:
-    from clawgym.engines.scripted import ScriptedEngine
-
-    return ScriptedEngine.from_config(config)
-
-
-def _teacher(config: EngineConfig) -> Engine:
-    from clawgym.engines.teacher import TeacherEngine
-
-    return TeacherEngine.from_config(config)
-
-
-def _vllm(config: EngineConfig) -> Engine:
-    from clawgym.engines.vllm import VLLMEngine
-
-    return VLLMEngine.from_config(config)
-
-
-def _remote(config: EngineConfig) -> Engine:
-    from clawgym.engines.remote import RemoteEngine
-
-    return RemoteEngine.from_config(config)
-
-
-# Name -> factory. Factories import lazily so that `import clawgym.engines` stays cheap.
-ENGINES: dict[str, Callable[[EngineConfig], Engine]] = {
-    "hf": _hf,
-    "scripted": _scripted,
-    "teacher": _teacher,
-    "vllm": _vllm,
-    "remote": _remote,
-}
-
-
-def make_engine(name: str, config: EngineConfig) -> Engine:
-    """Build the engine called `name`; a clear error names the known ones."""
-    if name not in ENGINES:
-        raise UserError(f"unknown engine '{name}'; choose one of: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](config)
 
 
 def context_window(model_dir: Path) -> int:

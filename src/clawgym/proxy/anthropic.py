@@ -6,10 +6,16 @@ beta; kept in place as system turns, which Qwen-style templates render), `tool_r
 string or block content, and the fields a local model ignores (`thinking`, `output_config`,
 `metadata`, `context_management`). Streams carry `event:` lines — the Anthropic SDKs dispatch on
 them, and Claude Code falls back to non-streaming calls without them.
+
+Claude Code opens its system prompt with a billing line, `x-anthropic-billing-header:
+cc_version=2.1.197.<fingerprint>; ...`, whose fingerprint changes between runs; the proxy drops
+the fingerprint before tokenizing, so every rollout's prompt starts the same, and keeps the line as
+sent in `ChatRequest.normalized` (the call record's `normalized_json`), docs/harnesses.md.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -42,6 +48,19 @@ def context_error(n_prompt: int, window: int) -> ProtocolError:
     return ProtocolError("context_length", f"prompt is too long: {n_prompt} tokens > {window - 1} maximum")
 
 
+# the billing line's version with its per-run fingerprint (`cc_version=2.1.197.38b`): group 1 is kept
+_BILLING = re.compile(r"^(x-anthropic-billing-header:[^\n]*?\bcc_version=\d+\.\d+\.\d+)\.[0-9A-Za-z]+")
+
+
+def normalize_billing_header(system: str) -> tuple[str, str | None]:
+    """`system` with Claude Code's billing-line fingerprint dropped, and the text it replaced as
+    sent (the prompt's start up to the fingerprint), or None when the prompt has no billing line."""
+    m = _BILLING.match(system)
+    if m is None:
+        return system, None
+    return m.group(1) + system[m.end():], m.group(0)
+
+
 def parse(body: Any, *, count_only: bool = False) -> ChatRequest:
     require(isinstance(body, dict), "request body must be a JSON object")
     model = body.get("model")
@@ -53,9 +72,13 @@ def parse(body: Any, *, count_only: bool = False) -> ChatRequest:
         require(isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1,
                 "max_tokens: Field required (an integer >= 1)", "max_tokens")
     messages: list[Message] = []
-    system = body.get("system")
+    system, normalized = body.get("system"), {}
     if system:
-        messages.append(Message("system", content_text(system, where="system")))
+        text = content_text(system, where="system")
+        text, billing = normalize_billing_header(text)
+        if billing is not None:
+            normalized["billing_header"] = billing
+        messages.append(Message("system", text))
     for i, m in enumerate(raw):
         messages += _message(m, f"messages[{i}]")
     require(any(m.role != "system" for m in messages), "messages: at least one user message is required", "messages")
@@ -71,7 +94,7 @@ def parse(body: Any, *, count_only: bool = False) -> ChatRequest:
         protocol=PROTOCOL, model=model, messages=messages, tools=tools, max_tokens=max_tokens,
         stream=bool(body.get("stream", False)), temperature=number(body, "temperature"), top_p=number(body, "top_p"),
         top_k=body.get("top_k") if isinstance(body.get("top_k"), int) else None, stop=stop,
-        tool_choice=body.get("tool_choice"),
+        tool_choice=body.get("tool_choice"), normalized=normalized,
     )
 
 

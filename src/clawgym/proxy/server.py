@@ -34,9 +34,11 @@ import orjson
 from aiohttp import web
 
 from clawgym.artifacts import CallRecord
-from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling, make_engine
+from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling
+from clawgym.engines.registry import make_engine
 from clawgym.proxy import anthropic, openai_chat, openai_responses
 from clawgym.proxy.admin import Metrics, secret_matches
+from clawgym.proxy.client import AdminClient
 from clawgym.proxy.conversation import ConversationLog
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
@@ -352,6 +354,7 @@ class ProxyServer:
             prompt_base_call=plan.base_call, prompt_base_len=plan.base_len if plan.base_call else 0, role=r.role,
             status=call.status, error=call.error, stream=call.req.stream, tool_names=[t.qualified_name for t in call.req.tools],
             system_hash=call.req.system_hash(), sampling_json=call.req.sampling_json(), render_mode=plan.mode,
+            normalized_json=orjson.dumps(call.req.normalized).decode() if call.req.normalized else "{}",
         )
         try:
             await self.recorder.record(rec)
@@ -435,6 +438,8 @@ class ProxyThread:
         self.config, self._engine = config, engine
         self.server: ProxyServer | None = None
         self.url = ""
+        self.client: AdminClient | None = None
+        """the admin client every admin call of this proxy goes through, once started"""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="clawgym-proxy", daemon=True)
 
@@ -442,6 +447,7 @@ class ProxyThread:
         self._thread.start()
         self.server = self.call(self._make())
         self.url = self.call(self.server.start())
+        self.client = AdminClient(self.url, self.server.admin_token)
         return self
 
     async def _make(self) -> ProxyServer:
@@ -451,28 +457,16 @@ class ProxyThread:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def register(self, rollout_id: str | None = None, role: str = "main", script: list | None = None) -> dict:
-        """Register through the admin HTTP route, exactly as an out-of-process runner would."""
-        body = {"rollout_id": rollout_id, "role": role} | ({"script": script} if script is not None else {})
-        return self.admin("POST", "/admin/rollouts", body)
+        """Register through the admin HTTP route, exactly as an out-of-process runner would (proxy/client.py)."""
+        return self.client.register(rollout_id, role, script)
 
     def admin(self, method: str, path: str, body: dict | None = None) -> dict:
-        """Call an admin route; returns the JSON answer (raises urllib.error.HTTPError on 4xx/5xx)."""
-        import urllib.request
-
-        req = urllib.request.Request(f"{self.url}{path}", data=orjson.dumps(body) if body is not None else None, method=method,
-                                     headers={"Authorization": f"Bearer {self.server.admin_token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return orjson.loads(resp.read())
+        """Call an admin route; returns the JSON answer (raises client.ProxyUnavailable on 4xx/5xx)."""
+        return self.client.admin(method, path, body)
 
     def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.02) -> dict:
         """Wait until the rollout has nothing in flight and its record count held across `checks` polls (paper §3.4)."""
-        from clawgym.proxy.admin import wait_settled
-
-        st = wait_settled(lambda: self.admin("GET", f"/admin/rollouts/{rollout_id}"), timeout, checks, interval)
-        if st is None:
-            raise TimeoutError(f"rollout {rollout_id} did not settle within {timeout}s")
-        return st
+        return self.client.settle(rollout_id, timeout, checks, interval)
 
     def __exit__(self, *exc: Any) -> None:
         try:

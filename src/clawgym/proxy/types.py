@@ -128,6 +128,8 @@ class ChatRequest:
     """OpenAI chat: stream_options.include_usage"""
     extra: dict = field(default_factory=dict)
     """protocol-specific echo fields (Responses: tools, tool_choice, ...)"""
+    normalized: dict[str, str] = field(default_factory=dict)
+    """text the parser rewrote before tokenizing, as sent: {what: original} (Claude Code's billing line)"""
 
     def sampling_json(self) -> str:
         d = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,

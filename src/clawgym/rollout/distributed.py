@@ -1,7 +1,7 @@
 """Rollouts as Ray tasks (`clawgym rollout --ray ADDRESS`, `RolloutConfig.ray`): one task per rollout.
 
 The design (docs/scale.md): one **central proxy** in front of the engine, and rollouts fanned out
-to the Ray cluster's nodes. Each task runs `runner._run_one` on its node — register with the
+to the Ray cluster's nodes. Each task runs `one.run_one` on its node — register with the
 proxy, open a sandbox there, run the harness, settle, verify — and returns the rollout's row to the
 driver, which appends it to `results.jsonl` exactly as for a local rollout. The call records stay
 where the proxy writes them (one folder, on the proxy's machine), so the driver collects them as
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.errors import UserError
+from clawgym.rollout.config import RolloutConfig
+from clawgym.rollout.one import RolloutPlan, infra_error_row, run_one
 
 _lock = threading.Lock()
 _remote: Any = None
@@ -57,21 +59,20 @@ def connect(address: str) -> None:
         raise UserError(f"cannot connect to the Ray cluster at {address!r}: {e}") from None
 
 
-def _task(plan: Any, proxy_url: str, admin_token: str, config: Any) -> dict:
+def _task(plan: RolloutPlan, proxy_url: str, admin_token: str, config: RolloutConfig) -> dict:
     """Runs on a Ray worker: one rollout, start to finish, against the central proxy."""
-    from clawgym.rollout import runner
     from clawgym.rollout.harnesses import HARNESSES
     from clawgym.rollout.proxy_client import ProxyClient
 
     harness = HARNESSES[plan.harness](**config.harness_options.get(plan.harness, {}))
     proxy = ProxyClient(proxy_url, admin_token, Path("."))  # the worker never reads records
-    return runner._run_one(plan, harness, proxy, config, {})
+    return run_one(plan, harness, proxy, config, {})
 
 
 class RayRollouts:
     """Submit rollouts to Ray and wait for their rows (see the module docstring)."""
 
-    def __init__(self, config: Any, proxy_url: str, admin_token: str):
+    def __init__(self, config: RolloutConfig, proxy_url: str, admin_token: str):
         global _remote
         connect(config.ray)
         import ray
@@ -83,10 +84,8 @@ class RayRollouts:
         self.proxy_url, self.admin_token = proxy_url, admin_token
         self.options = {"num_cpus": config.ray_num_cpus}
 
-    def run(self, plan: Any) -> dict:
+    def run(self, plan: RolloutPlan) -> dict:
         """Run one rollout as a Ray task; blocks the calling thread until its row is back."""
-        from clawgym.rollout.runner import infra_error_row
-
         ref = _remote.options(**self.options).remote(plan, self.proxy_url, self.admin_token, self.config)
         try:
             return self.ray.get(ref)

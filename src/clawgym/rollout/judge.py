@@ -12,10 +12,10 @@ instead of ids, snaps each score to the nearest allowed anchor, and asks again (
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clawgym.rollout.config import JudgeConfig
 from clawgym.tasks.rubric import Rubric
 from clawgym.tasks.spec import Task, is_binary_file
 
@@ -52,21 +52,6 @@ Do not include any overall score in the final JSON. Do not compute or report the
 """
 
 _SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", ".pytest_cache", ".mypy_cache"}
-
-
-@dataclass
-class JudgeConfig:
-    base_url: str
-    """an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1"""
-    model: str
-    api_key: str = field(default_factory=lambda: os.environ.get("CLAWGYM_JUDGE_API_KEY", "EMPTY"), repr=False)
-    timeout_s: float = 120.0
-    max_retries: int = 2
-    """extra attempts when the call fails or its answer breaks the JSON contract"""
-    temperature: float = 0.0
-    max_tokens: int = 4096
-    max_file_chars: int = 20_000
-    max_total_chars: int = 120_000
 
 
 @dataclass

@@ -1,54 +1,37 @@
 """The rollout runner's view of the serving proxy: register, settle, close rollouts and collect their calls.
 
-The runner talks to the proxy only through its admin HTTP routes (admin token), whether the proxy
-runs in this process (`start_local_proxy`, records under the run's output folder) or elsewhere on
-this machine (`ProxyClient.connect`, with the folder the proxy records into). Settling follows the
-paper (§3.4): a rollout is settled when no call of it is in flight and its record count is
-unchanged across several checks. `sync_weights` (`clawgym sync`) hands a new checkpoint to a
-running proxy through the same admin client.
+The runner talks to the proxy only through its admin HTTP routes (admin token, the one client in
+proxy/client.py), whether the proxy runs in this process (`start_local_proxy`, records under the
+run's output folder) or elsewhere on this machine (`ProxyClient.connect`, with the folder the proxy
+records into). `sync_weights` (`clawgym sync`) hands a new checkpoint to a running proxy through
+the same admin client.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import sys
-import urllib.error
-import urllib.request
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import urlparse
-
-import orjson
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
+from clawgym.proxy.client import AdminClient, ProxyUnavailable
+
+__all__ = ["ProxyClient", "ProxyUnavailable", "SyncResult", "reachable_host", "start_local_proxy", "sync_weights"]
 
 
-class ProxyUnavailable(Exception):
-    """The proxy did not answer or refused an admin call; the rollout is an infra_error."""
+class ProxyClient(AdminClient):
+    """The admin client (proxy/client.py), plus where the proxy records: the runner reads the records."""
 
-    def __init__(self, message: str, status: int | None = None, reason: str = ""):
-        super().__init__(message)
-        self.status = status
-        """the HTTP status of a refusal; None when the proxy did not answer"""
-        self.reason = reason
-        """the proxy's own error message of a refusal"""
-
-
-class ProxyClient:
     def __init__(self, url: str, admin_token: str, records: Path | None = None, model_dir: Path | None = None):
-        self.url, self.admin_token = url.rstrip("/"), admin_token
+        super().__init__(url, admin_token)
         self.records = Path(records) if records is not None else Path(".")
         """the folder the proxy records into (read by collect_calls; a client that only reloads needs none)"""
         self.model_dir = model_dir
         """the served model's folder (its tokenizer reads call texts to classify roles), when on this machine"""
-        port = urlparse(self.url).port
-        if port is None:
-            raise UserError(f"proxy URL {url} must name a port, e.g. http://127.0.0.1:8000")
-        self.port = port
-        self.host = urlparse(self.url).hostname or "127.0.0.1"
 
     @classmethod
     @contextlib.contextmanager
@@ -60,39 +43,6 @@ class ProxyClient:
         if served and (Path(served) / "tokenizer_config.json").exists():  # the proxy runs on this machine
             client.model_dir = Path(served)
         yield client
-
-    def admin(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> dict:
-        req = urllib.request.Request(self.url + path, method=method, data=orjson.dumps(body) if body is not None else None,
-                                     headers={"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return orjson.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode("utf-8", "replace")
-            raise ProxyUnavailable(f"proxy admin {method} {path}: HTTP {e.code} {detail}", e.code, _reason(detail)) from None
-        except (urllib.error.URLError, OSError) as e:
-            raise ProxyUnavailable(f"proxy at {self.url} unreachable: {e}") from None
-
-    def register(self, rollout_id: str) -> dict:
-        return self.admin("POST", "/admin/rollouts", {"rollout_id": rollout_id})
-
-    def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict:
-        from clawgym.proxy.admin import wait_settled
-
-        st = wait_settled(lambda: self.admin("GET", f"/admin/rollouts/{rollout_id}"), timeout, checks, interval)
-        if st is None:
-            raise ProxyUnavailable(f"rollout {rollout_id} did not settle within {timeout:.0f} s")
-        return st
-
-    def conversation(self, rollout_id: str) -> list[dict]:
-        """What each call of the rollout said and answered (the proxy's `conversation.py`), in arrival order."""
-        return self.admin("GET", f"/admin/rollouts/{rollout_id}/conversation")["calls"]
-
-    def close_rollout(self, rollout_id: str) -> None:
-        try:
-            self.admin("DELETE", f"/admin/rollouts/{rollout_id}")
-        except ProxyUnavailable:
-            pass  # already closed, or the proxy is gone: nothing more will be recorded either way
 
     def discard_records(self, rollout_id: str) -> None:
         """Drop what an unfinished earlier attempt of this rollout recorded, so it reruns cleanly."""
@@ -115,15 +65,6 @@ class ProxyClient:
         return calls
 
 
-def _reason(detail: str) -> str:
-    """The message of an admin error body ({"error": {"message": ...}}), else the body itself."""
-    try:
-        message = str(orjson.loads(detail)["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        message = detail
-    return " ".join(message.split())  # one line, whatever the engine's exception text held
-
-
 @dataclass
 class SyncResult:
     """What `clawgym sync` reports: the proxy now serves `checkpoint` as `policy_version`."""
@@ -143,7 +84,7 @@ def sync_weights(url: str, admin_token: str | None, checkpoint: Path, timeout: f
     # The proxy resolves a relative path against its own working folder: send an absolute one when
     # the checkpoint is on this machine (a remote proxy's path is sent as given).
     ckpt = Path(checkpoint).resolve() if Path(checkpoint).exists() else Path(checkpoint)
-    client = ProxyClient(url, admin_token)
+    client = AdminClient(url, admin_token)
     started = time.monotonic()
     try:
         before = int(client.admin("GET", "/admin/health")["policy_version"])

@@ -19,8 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from clawgym.rollout.sandbox import RunResult, SandboxConfig, SandboxError, seed_workspace
-from clawgym.rollout.sandbox_local import MARKER, RELAY, _limit_args, _rmtree
+from clawgym.rollout.sandbox_base import RunResult, SandboxConfig, SandboxError, limit_args, rmtree, seed_workspace
+from clawgym.rollout.sandbox_local import MARKER, RELAY
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 INSIDE = "/sandbox"
@@ -117,7 +117,7 @@ class DockerSandbox:
             out, err = self.logs / f"{name}-{self._n}.stdout", self.logs / f"{name}-{self._n}.stderr"
         grace = max(1, int(self.config.kill_grace_s))
         argv = ["timeout", "-s", "TERM", "-k", str(grace), f"{timeout:g}", "python3", "-I", "-S", f"{INSIDE}/net/relay.py",
-                "relay", *_limit_args(self.config.limits), *self._forwards, "--", *map(str, cmd)]
+                "relay", *limit_args(self.config.limits), *self._forwards, "--", *map(str, cmd)]
         workdir = str(Path(self.config.workdir) / cwd) if cwd else self.config.workdir
         api = self.client.api
         t0 = time.monotonic()
@@ -153,7 +153,7 @@ class DockerSandbox:
 
     def install_tests(self, tests_dir: Path) -> str:
         for p in self.tests.iterdir():  # the mount point stays; its content is replaced
-            _rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         if tests_dir is not None and Path(tests_dir).is_dir():
             shutil.copytree(tests_dir, self.tests, symlinks=False, dirs_exist_ok=True)
         return "/tests"
@@ -173,7 +173,7 @@ class DockerSandbox:
             s.close()
         self._servers = []
         if not self.config.keep and self.root.exists():
-            _rmtree(self.root)
+            rmtree(self.root)
 
     def __enter__(self) -> "DockerSandbox":
         return self

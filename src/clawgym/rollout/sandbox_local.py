@@ -10,6 +10,13 @@ Layout of one sandbox (all removed on close):
       files/       private files written by put_file (transcripts, harness configs)
       net/         Unix sockets of the proxy bridge and the black hole
 
+Under bubblewrap the commands see none of these host paths: the workspace is bound at one fixed
+path (`config.workdir`, default /workspace, as the docker sandbox mounts it) and home/ tmp/ tests/
+files/ net/ at /sandbox/<name>, so every rollout of a task shows its harness the same working
+directory, HOME and TMPDIR, and the policy never sees (or conditions on) a random host folder
+(docs/harnesses.md, "One path in every sandbox"). Without a mount namespace (`unshare`,
+`blackhole`, `host`) the commands use the host paths.
+
 Every command runs through the launcher in sandbox_net.py (resource limits, then the relay) in a
 new session, so its whole process group can be killed. Network modes:
 
@@ -25,7 +32,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -36,12 +42,16 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from clawgym.rollout import sandbox_net
-from clawgym.rollout.sandbox import Limits, RunResult, SandboxConfig, SandboxError, seed_workspace
+from clawgym.rollout.sandbox_base import RunResult, SandboxConfig, SandboxError, limit_args, rmtree, seed_workspace
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 RELAY = Path(sandbox_net.__file__).resolve()
 PACKAGE_ROOT = RELAY.parents[2]  # the folder holding the clawgym package (src/ of a checkout)
 MARKER = "CLAWGYM_SANDBOX_ID"
+INSIDE = "/sandbox"
+"""where a bwrap sandbox shows its private folders (home, tmp, tests, files, net), as the docker sandbox does"""
+# Top-level host entries a bwrap sandbox does not show read-only: replaced by its own mounts.
+_OWN_MOUNTS = ("proc", "dev", "tmp", INSIDE.strip("/"))
 _probe_lock = threading.Lock()
 _probes: dict[str, str | None] = {}
 
@@ -78,28 +88,20 @@ def resolve_network(mode: str) -> str:
     return mode
 
 
-def _limit_args(limits: Limits) -> list[str]:
-    out = ["--limit", "core=0"]
-    mb = 1024 * 1024
-    for name, value, scale in (
-        ("as", limits.memory_mb, mb), ("cpu", limits.cpu_seconds, 1), ("fsize", limits.file_size_mb, mb),
-        ("nofile", limits.open_files, 1), ("nproc", limits.processes, 1),
-    ):
-        if value is not None:
-            out += ["--limit", f"{name}={int(value) * scale}"]
-    return out
-
-
-def _rmtree(path: Path) -> None:
-    def onerror(func, p, _exc):  # a harness may leave read-only files and folders behind
-        try:
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            os.chmod(p, stat.S_IRWXU)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
+def _host_root_args(skip: set[str]) -> list[str]:
+    """bwrap arguments that show every top-level entry of the host's / read-only (links as links),
+    except `skip`. Binding / itself read-only would leave no room for new mount points such as
+    /workspace, so the sandbox's / is bwrap's own tmpfs with the host's entries bound into it."""
+    argv: list[str] = []
+    for name in sorted(os.listdir("/")):
+        if name in skip:
+            continue
+        path = f"/{name}"
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    return argv
 
 
 class LocalSandbox:
@@ -133,11 +135,22 @@ class LocalSandbox:
     def _setup(self, seed: Path | None) -> None:
         self.workspace, self.home, self.tmp = self.root / "workspace", self.root / "home", self.root / "tmp"
         self.logs, self.net, self.tests = self.root / "logs", self.root / "net", self.root / "tests"
+        self.files = self.root / "files"
         seed_workspace(seed, self.workspace)
         for d in (self.home, self.tmp, self.logs, self.net):
             d.mkdir()
         self.network = resolve_network(self.config.network)
         self._forwards: list[str] = []
+        # host folder -> the path commands see it at; empty: they see host paths
+        self._inside: list[tuple[Path, str]] = []
+        if self.network == "bwrap":
+            workdir = self.config.workdir
+            top = Path(workdir).parts[1] if Path(workdir).is_absolute() and len(Path(workdir).parts) > 1 else None
+            if top is None or top in _OWN_MOUNTS or (len(Path(workdir).parts) > 2 and os.path.lexists(f"/{top}")):
+                raise SandboxError(f"sandbox workdir {workdir!r}: the local sandbox needs an absolute path in a new "
+                                   f"top-level folder other than {', '.join('/' + t for t in _OWN_MOUNTS)} (e.g. /workspace)")
+            self._inside = [(self.workspace, workdir)] + [(d, f"{INSIDE}/{d.name}") for d in (self.home, self.tmp, self.tests, self.files, self.net)]
+            self._root_args = _host_root_args({*_OWN_MOUNTS, top})
         if self.network == "host":
             return
         self.blackhole = BlackHole()
@@ -153,16 +166,17 @@ class LocalSandbox:
     def _bridge(self, name: str, inside_port: int, *, tcp=None, unix=None) -> None:
         path = str(self.net / name)
         self._servers.append(UnixBridge(path, tcp=tcp, unix=unix))
-        self._forwards += ["--forward", f"127.0.0.1:{inside_port}={path}"]
+        self._forwards += ["--forward", f"127.0.0.1:{inside_port}={self.path_inside(Path(path))}"]
 
     # -----------------------------------------------------------------------------------------
 
     def base_env(self) -> dict[str, str]:
+        tmp = self.path_inside(self.tmp)
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": str(self.home), "TMPDIR": str(self.tmp), "TMP": str(self.tmp), "TEMP": str(self.tmp),
+            "HOME": self.path_inside(self.home), "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp,
             "LANG": "C.UTF-8", "TERM": "dumb", "USER": os.environ.get("USER", "clawgym"),
-            MARKER: self.marker, "CLAWGYM_WORKSPACE": str(self.workspace),
+            MARKER: self.marker, "CLAWGYM_WORKSPACE": self.path_inside(self.workspace),
         }
         if self.blackhole is not None:
             for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
@@ -172,7 +186,7 @@ class LocalSandbox:
         return env
 
     def _wrap(self, cmd: list[str], cwd: Path) -> list[str]:
-        launcher = [sys.executable, "-I", "-S", str(RELAY), "relay", *_limit_args(self.config.limits)]
+        launcher = [sys.executable, "-I", "-S", str(RELAY), "relay", *limit_args(self.config.limits)]
         if self.network in ("bwrap", "unshare"):
             launcher += self._forwards
         launcher += ["--", *cmd]
@@ -181,7 +195,7 @@ class LocalSandbox:
         if self.network != "bwrap":
             return launcher
         argv = ["bwrap", "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc",
-                "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+                *self._root_args, "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
         base = self.config.base_dir.resolve()
         if not base.is_relative_to("/tmp"):
             argv += ["--tmpfs", str(base)]
@@ -195,7 +209,11 @@ class LocalSandbox:
         for needed in dict.fromkeys([PACKAGE_ROOT, Path(sys.prefix).resolve()]):
             if needed.is_relative_to("/tmp") or needed.is_relative_to(base):
                 argv += ["--ro-bind", str(needed), str(needed)]
-        return argv + ["--bind", str(self.root), str(self.root), "--chdir", str(cwd), "--", *launcher]
+        for host, inside in self._inside:
+            if host.is_dir():  # tests/ and files/ appear only once the runner writes them
+                argv += ["--bind", str(host), inside]
+        # the tmpfs / read-only, as the host's is: writes go to the workspace, HOME or a temp dir
+        return argv + ["--remount-ro", "/", "--chdir", self.path_inside(cwd), "--", *launcher]
 
     def run(self, cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None, cwd: str | None = None,
             name: str = "run", stdin: bytes | None = None) -> RunResult:
@@ -297,24 +315,30 @@ class LocalSandbox:
             time.sleep(0.02)
 
     def put_file(self, rel: str, data: bytes) -> str:
-        path = (self.root / "files" / rel).resolve()
-        if not path.is_relative_to(self.root / "files") or rel.startswith("/"):
+        path = (self.files / rel).resolve()
+        if not path.is_relative_to(self.files) or rel.startswith("/"):
             raise SandboxError(f"put_file: {rel!r} leaves the sandbox's private folder")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        return str(path)
+        return self.path_inside(path)
 
     def install_tests(self, tests_dir: Path) -> str:
         if self.tests.exists():
-            _rmtree(self.tests)  # whatever the harness put there is not the task's tests
+            rmtree(self.tests)  # whatever the harness put there is not the task's tests
         if tests_dir is not None and Path(tests_dir).is_dir():
             shutil.copytree(tests_dir, self.tests, symlinks=False)
         else:
             self.tests.mkdir()
-        return str(self.tests)
+        return self.path_inside(self.tests)
 
     def path_inside(self, host_path: Path) -> str:
-        return str(Path(host_path).resolve())
+        path = Path(host_path).resolve()
+        for host, inside in self._inside:
+            if path.is_relative_to(host):
+                return str(Path(inside) / path.relative_to(host))
+        if self._inside and path.is_relative_to(self.root):
+            raise SandboxError(f"{path} is not visible inside sandbox {self.id}")
+        return str(path)
 
     def blocked_attempts(self) -> list[BlockedAttempt]:
         return list(self.blackhole.attempts) if self.blackhole is not None else []
@@ -330,7 +354,7 @@ class LocalSandbox:
             s.close()
         self._servers = []
         if not self.config.keep and getattr(self, "root", None) is not None and self.root.exists():
-            _rmtree(self.root)
+            rmtree(self.root)
 
     def __enter__(self) -> "LocalSandbox":
         return self

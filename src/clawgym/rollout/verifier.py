@@ -26,7 +26,8 @@ from typing import Any
 import orjson
 
 from clawgym.artifacts import RolloutRecord, Transcript
-from clawgym.rollout.judge import JudgeConfig, RubricResult, judge_rubric
+from clawgym.rollout.config import JudgeConfig, VerifierConfig
+from clawgym.rollout.judge import RubricResult, judge_rubric
 from clawgym.rollout.sandbox import Sandbox, SandboxError
 from clawgym.rollout.transcript import pinchbench_events
 from clawgym.tasks.spec import Task
@@ -35,23 +36,6 @@ NO_JUDGE_NOTE = "no judge configured: code score only"
 # Sub-score naming the rubric weight left out when no judge is configured (docs/tasks.md); outside
 # the code/ and rubric/ namespaces so no check or criterion name can collide with it.
 RUBRIC_SKIPPED = "rubric_skipped"
-
-
-@dataclass
-class VerifierConfig:
-    judge: JudgeConfig | None = None
-    code_weight: float | None = None
-    """override the task's weights (both or neither); normalized to sum 1"""
-    rubric_weight: float | None = None
-    timeout_s: float | None = None
-    """override the task's [verifier] timeout_sec"""
-    rubric_aggregate: str = "mean"
-    """mean (PinchBench, ClawGym) | weighted (by the rubric's criterion weights)"""
-
-    @classmethod
-    def with_judge(cls, judge_url: str | None, judge_model: str = "judge") -> "VerifierConfig":
-        """Code checks, plus the rubric judge at `judge_url` when there is one (the CLI's and recipes' options)."""
-        return cls(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
 
 
 @dataclass

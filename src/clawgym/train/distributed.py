@@ -15,7 +15,7 @@ by construction. Each rank then forwards only its own shard of trees:
   sum of per-rank partial sums is the minibatch's loss, as on one process.
 
 `launch` runs `train` under `accelerate launch` in a subprocess (recipes' `[train] processes = N`);
-the child reads the resolved TrainConfig from a JSON file (`python -m clawgym.train.distributed`).
+each rank reads the resolved TrainConfig from a JSON file (`python -m clawgym.train.loop SPEC.json`).
 docs/training.md describes the whole scheme.
 """
 
@@ -131,7 +131,7 @@ def launch(cfg: Any, processes: int, accelerate_config: Path | None = None) -> N
     os.close(fd)
     write_spec(cfg, Path(spec))
     try:
-        rc = subprocess.run(launch_command(processes, accelerate_config) + ["-m", "clawgym.train.distributed", spec],
+        rc = subprocess.run(launch_command(processes, accelerate_config) + ["-m", "clawgym.train.loop", spec],
                             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}).returncode
     finally:
         os.unlink(spec)
@@ -140,21 +140,10 @@ def launch(cfg: Any, processes: int, accelerate_config: Path | None = None) -> N
                         f"the last epoch checkpoint in {cfg.out} is kept: rerun with --resume")
 
 
-def _main(argv: list[str]) -> int:
-    from clawgym.train.loop import TrainConfig, train
+def read_spec(path: Path):
+    """The TrainConfig `write_spec` wrote."""
+    from clawgym.train.config import TrainConfig
 
-    raw = json.loads(Path(argv[0]).read_text())
-    hints = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    for k, v in raw.items():
-        if v is not None and "Path" in str(hints[k]):
-            raw[k] = Path(v)
-    try:
-        train(TrainConfig(**raw))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    raw = json.loads(Path(path).read_text())
+    hints = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: Path(v) if v is not None and "Path" in hints[k] else v for k, v in raw.items()})

@@ -35,81 +35,14 @@ from clawgym.train import checkpoint as ckpt
 from clawgym.train import lora
 from clawgym.train import memory
 from clawgym.train.precision import MasterWeights, enable_activation_checkpointing
-from clawgym.train.distributed import Dist, accelerator_kwargs, launch, padded_plan, shard
+from clawgym.train.distributed import Dist, accelerator_kwargs, launch, padded_plan, read_spec, shard
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
+from clawgym.train.config import ALGOS, PRECISIONS, TrainConfig
 from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree
 from clawgym.train.support import check_config, self_test, sliding_window
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
-
-ALGOS = ("grpo", "ppo", "sft")
-PRECISIONS = ("fp32", "bf16")
-
-
-@dataclass
-class TrainConfig:
-    """Everything one `train` call needs; written next to the checkpoint as train_config.json."""
-
-    trees: Path
-    """trees.parquet of the step (docs/architecture.md)"""
-    rollouts: Path
-    """rollouts.parquet of the step: rewards, groups, status"""
-    model: Path
-    """policy checkpoint to start from (HF dir); its optimizer.pt and value/ are reused if present"""
-    out: Path
-    """checkpoint directory to write (HF format + trainer state)"""
-    algo: str = "grpo"
-    """grpo | ppo | sft"""
-    metrics: Path | None = None
-    """train.jsonl; default: beside trees.parquet"""
-    lr: float = 1e-5
-    epochs: int = 1
-    """passes over the batch; logp_old stays the policy's before the first update"""
-    minibatches: int = 1
-    """optimizer steps per epoch; the batch's rollouts are split evenly"""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    tis: str = "token"
-    """truncated importance sampling against the engine's logprobs: token | sequence | off"""
-    tis_cap: float = 2.0
-    kl_coef: float = 0.0
-    """β of the k3 KL to --ref-model"""
-    ref_model: Path | None = None
-    aggregation: str = "token-mean"
-    """token-mean | rollout-mean"""
-    adv_eps: float = 1e-6
-    max_grad_norm: float = 1.0
-    token_budget: int = 8192
-    """padded tokens per micro-batch (rows × longest row); a longer tree goes alone"""
-    attention: str = "auto"
-    """auto (flex on CUDA, segments on CPU) | segments | dense | flex: how packed trees attend (attention.py)"""
-    value_lr: float = 1e-5
-    value_warmup_steps: int = 0
-    """PPO: value-only updates over the batch before the policy moves"""
-    norm_adv: bool = True
-    """PPO: whiten A_t = R − V(s_t) over the batch (weighted mean 0, std 1) before the update"""
-    lora_rank: int = 0
-    """LoRA: rank of the adapters to train (0: train every weight); checkpoints hold them merged"""
-    lora_alpha: float = 16.0
-    """LoRA: scale of the adapters' update (alpha / rank)"""
-    lora_targets: str = "all-linear"
-    """LoRA: comma-separated module names to adapt (e.g. q_proj,v_proj), or all-linear"""
-    min_reward: float = 1.0
-    """SFT: train on rollouts whose reward is at least this"""
-    seed: int = 0
-    resume: bool = False
-    """continue an interrupted call from the epoch checkpoint in --out"""
-    force: bool = False
-    """overwrite a complete checkpoint in --out"""
-    processes: int = 1
-    """data-parallel ranks: > 1 runs this call under `accelerate launch --num_processes N` (docs/training.md)"""
-    accelerate_config: Path | None = None
-    """an `accelerate config` YAML for those ranks (e.g. FSDP, GPUs); default: DDP on the local devices"""
-    precision: str = "fp32"
-    """fp32 | bf16: bf16 keeps the weights and gradients in bf16 and the optimizer's master weights and moments in fp32"""
-    activation_checkpointing: bool = False
-    """recompute each decoder layer's activations in the backward instead of storing them"""
 
 
 @dataclass
@@ -494,3 +427,21 @@ def _value_step(value, opt, accelerator, trees, steps, filler, returns, cfg, att
     opt.step()
     opt.zero_grad(set_to_none=True)
     return dist.sum({"v": total})["v"]
+
+
+def main(argv: list[str]) -> int:
+    """A launched rank: `python -m clawgym.train.loop SPEC.json` (distributed.launch starts N of them)."""
+    import sys
+
+    try:
+        train(read_spec(Path(argv[0])))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

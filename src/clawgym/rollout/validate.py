@@ -4,7 +4,8 @@ For each task folder: load it (errors name the folder and field), materialize th
 fresh sandbox, copy the hidden tests in, run the code checks as if the harness had done nothing,
 and report that no-op score with the task's flags (network, browser, judge, binary, ...). A good
 task scores 0 when nothing was done; a positive no-op score is free credit the reward carries.
-The summary counts tasks by flag and shows the distribution of no-op scores.
+The summary counts tasks by flag and shows the distribution of no-op scores. It lives in rollout/,
+not tasks/, because it runs what a rollout runs (a sandbox and the verifier); tasks/ imports no rollout module.
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""`TrainConfig`: everything one `train` call needs, each field with its default and help.
+
+The fields drive `clawgym train`'s options, the recipe's [train] section and docs/config.md
+(`clawgym.fields`). This module imports no torch, so a recipe loads without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from clawgym.fields import option
+
+ALGOS = ("grpo", "ppo", "sft")
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one `train` call needs; written next to the checkpoint as train_config.json."""
+
+    trees: Path = option(help="trees.parquet of the step (docs/architecture.md)")
+    rollouts: Path = option(help="rollouts.parquet of the step: rewards, groups, status")
+    model: Path = option(help="Policy checkpoint to start from (HF directory); its optimizer.pt and value/ are reused if present.")
+    out: Path = option(help="Checkpoint directory to write (HF format + optimizer + trainer state).")
+    algo: str = option("grpo", "grpo | ppo | sft.")
+    metrics: Path | None = option(None, "train.jsonl to append to (default: beside trees.parquet).")
+    lr: float = option(1e-5, "Policy learning rate (AdamW).")
+    epochs: int = option(1, "Passes over the batch; logp_old stays the policy's before the first update.")
+    minibatches: int = option(1, "Optimizer steps per epoch; the batch's rollouts are split evenly.")
+    clip_low: float = option(0.2, "ε below 1 for the ratio clip.")
+    clip_high: float = option(0.2, "ε above 1 for the ratio clip.")
+    tis: str = option("token", "Truncated importance sampling against the engine's logprobs: token | sequence | off.")
+    tis_cap: float = option(2.0, "Truncation C of the importance weights.")
+    kl_coef: float = option(0.0, "β of the k3 KL to --ref-model.")
+    ref_model: Path | None = option(None, "Reference policy for the KL term.")
+    aggregation: str = option("token-mean", "token-mean | rollout-mean.")
+    adv_eps: float = option(1e-6, "ε added to the group's reward std when normalizing GRPO advantages.")
+    max_grad_norm: float = option(1.0, "Gradient clipping norm.")
+    token_budget: int = option(8192, "Padded tokens per micro-batch (rows × longest row); a longer tree goes alone.")
+    attention: str = option("auto", "Packed-tree attention: auto (flex on CUDA, segments on CPU) | segments | dense | flex (attention.py).")
+    value_lr: float = option(1e-5, "PPO: value model learning rate.")
+    value_warmup_steps: int = option(0, "PPO: value-only updates over the batch before the policy moves.")
+    norm_adv: bool = option(True, "PPO: whiten A_t = R − V(s_t) over the batch (weighted mean 0, std 1) before the update.")
+    lora_rank: int = option(0, "LoRA: train rank-R adapters instead of every weight (0: full); checkpoints hold them merged.")
+    lora_alpha: float = option(16.0, "LoRA: adapter scale (update = alpha / rank · B·A).")
+    lora_targets: str = option("all-linear", "LoRA: modules to adapt, comma-separated (q_proj,v_proj) or all-linear.")
+    min_reward: float = option(1.0, "SFT: keep rollouts with at least this reward.")
+    seed: int = option(0, "Seed for minibatch order and adapter initialization.")
+    resume: bool = option(False, "Continue an interrupted call from the epoch checkpoint in --out.", flag="--resume")
+    force: bool = option(False, "Overwrite a complete checkpoint in --out.", flag="--force")
+    processes: int = option(1, "Data-parallel ranks: > 1 runs this call under accelerate launch --num_processes N (docs/training.md).")
+    accelerate_config: Path | None = option(None, "An accelerate config YAML for those ranks (e.g. FSDP); default: DDP over the local devices.")
+    precision: str = option("fp32", "fp32 | bf16: bf16 weights and gradients, fp32 master weights and AdamW moments (docs/training.md).")
+    activation_checkpointing: bool = option(False, "Recompute each decoder layer in the backward instead of storing its activations.",
+                                            flag="--activation-checkpointing")
