@@ -12,6 +12,7 @@ from pathlib import Path
 from clawgym.fields import option
 
 ALGOS = ("grpo", "ppo", "sft")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -49,3 +50,8 @@ class TrainConfig:
     seed: int = option(0, "Seed for minibatch order and adapter initialization.")
     resume: bool = option(False, "Continue an interrupted call from the epoch checkpoint in --out.", flag="--resume")
     force: bool = option(False, "Overwrite a complete checkpoint in --out.", flag="--force")
+    processes: int = option(1, "Data-parallel ranks: > 1 runs this call under accelerate launch --num_processes N (docs/training.md).")
+    accelerate_config: Path | None = option(None, "An accelerate config YAML for those ranks (e.g. FSDP); default: DDP over the local devices.")
+    precision: str = option("fp32", "fp32 | bf16: bf16 weights and gradients, fp32 master weights and AdamW moments (docs/training.md).")
+    activation_checkpointing: bool = option(False, "Recompute each decoder layer in the backward instead of storing its activations.",
+                                            flag="--activation-checkpointing")

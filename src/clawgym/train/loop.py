@@ -12,13 +12,16 @@ Paper §2.3, §3.2.3–3.2.4; docs/models.md. The math lives in `losses.py`, the
 `packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
 CUDA runs bf16 autocast with FlexAttention (a mask_mod over node ids, O(L) memory). accelerate places the models and wraps
 them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
-the batch is not yet sharded across processes, so each process trains on the whole batch — correct
-but not faster. Only the single-process CPU path is tested here.
+the trees are sharded across processes by token count and the loss normalization is global
+(distributed.py; docs/training.md), and rank 0 alone writes checkpoints and metrics. `[train]
+processes = N` launches the ranks itself. 1 vs 2 processes is tested on CPU with gloo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +36,16 @@ from clawgym.errors import UserError
 from clawgym.layout import StepLayout
 from clawgym.train import checkpoint as ckpt
 from clawgym.train import lora
+from clawgym.train import memory
+from clawgym.train.precision import MasterWeights, enable_activation_checkpointing
+from clawgym.train.distributed import Dist, accelerator_kwargs, launch, padded_plan, read_spec, shard
 from clawgym.train import losses as L
 from clawgym.train.attention import implementation
-from clawgym.train.config import ALGOS, TrainConfig
-from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, pack_tree
+from clawgym.train.config import ALGOS, PRECISIONS, TrainConfig
+from clawgym.train.packing import ATTENTIONS, PackedPolicy, PackedTree, collate, pack_tree
 from clawgym.train.step_metrics import reduce_updates
 from clawgym.train.support import check_config, self_test
-from clawgym.train.trie import microbatches
+from clawgym.train import trie
 from clawgym.train.value import VALUE_DIR, load_value_model
 from clawgym.trees import read_trees
 
@@ -63,6 +69,12 @@ def _check(cfg: TrainConfig) -> None:
         raise UserError(f"--tis must be one of {', '.join(L.TIS_MODES)}, got {cfg.tis!r}")
     if cfg.aggregation not in L.AGGREGATIONS:
         raise UserError(f"--aggregation must be one of {', '.join(L.AGGREGATIONS)}, got {cfg.aggregation!r}")
+    if cfg.precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
+    if cfg.processes < 1:
+        raise UserError(f"--processes must be at least 1, got {cfg.processes}")
+    if cfg.accelerate_config is not None and not Path(cfg.accelerate_config).is_file():
+        raise UserError(f"--accelerate-config {cfg.accelerate_config}: no such file")
     if cfg.attention not in ("auto", *ATTENTIONS):
         raise UserError(f"--attention must be one of auto, {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
     if cfg.attention == "flex" and not torch.cuda.is_available():
@@ -102,19 +114,23 @@ def _token_weights(trees: list[PackedTree], rows: list[int], mode: str) -> dict[
     return dict(zip(rows, w.split([trees[i].n_trainable for i in rows])))
 
 
-def _score_all(module, trees: list[PackedTree], budget: int, attention: str, accelerator, share: bool) -> list[torch.Tensor]:
-    """One no-grad pass of `module` over all packed trees; its [T] output split back per tree.
+def _score_all(module, trees: list[PackedTree], steps: list, filler: int, attention: str, accelerator,
+               dist: Dist) -> list[torch.Tensor]:
+    """One no-grad pass of `module` over this rank's micro-batches `steps`; every rank gets every tree's [T] output.
 
     Same packing, micro-batches and autocast as the update, so logp_old matches the first update's logp.
     """
-    out: list[torch.Tensor] = [torch.empty(0)] * len(trees)
+    mine: dict[int, torch.Tensor] = {}
     with torch.no_grad(), accelerator.autocast():
-        for rows, mb in microbatches(trees, range(len(trees)), budget, attention, share):
+        for step in steps:
+            rows, mb = _collated(step, trees, filler, attention)
             res = module(mb.to(accelerator.device))
+            if step is None:  # a padding step: only there so every rank makes the same calls
+                continue
             res = res[0] if isinstance(res, tuple) else res
-            for i, part in zip(rows, res.float().cpu().split([trees[i].n_trainable for i in rows])):
-                out[i] = part
-    return out
+            mine.update(zip(rows, res.float().cpu().split([trees[i].n_trainable for i in rows])))
+    every = dist.gather_dict(mine)
+    return [every[i] for i in range(len(trees))]
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
@@ -127,7 +143,19 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     console = console or shared_console.STDERR
     out = Path(cfg.out)
     metrics_path = Path(cfg.metrics) if cfg.metrics else StepLayout(Path(cfg.trees).parent).train_metrics
-    ckpt.recover(out)
+    if cfg.processes > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # Not yet inside a launched rank: launch the ranks and read back what rank 0 wrote.
+        launch(cfg, cfg.processes, cfg.accelerate_config)
+        state = ckpt.load_state(out)
+        lines = read_jsonl(metrics_path).records if metrics_path.exists() else []
+        return TrainResult(out, state.updates_done, len(state.rollout_ids), 0, {}, reduce_updates(lines))
+    cuda = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda and cfg.precision == "fp32" else "no",
+                              kwargs_handlers=accelerator_kwargs())
+    dist = Dist(accelerator.process_index, accelerator.num_processes)
+    if dist.main:
+        ckpt.recover(out)
+    dist.barrier()
     prior = ckpt.load_state(out) if out.exists() else None
     if prior is not None and prior.complete and cfg.resume and not cfg.force:
         # A resumed run (`clawgym run` after a kill) finds this step already trained: nothing to redo.
@@ -176,14 +204,15 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     except UserError as e:
         raise UserError(f"{cfg.trees}: {e}") from None
     T_total = sum(t.n_trainable for t in trees)
-    console.print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
-                  f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
-                  f"{n_zero_var_groups}/{len(groups)} zero-variance groups", highlight=False)
+    owner = shard([t.n_tokens for t in trees], dist.world)
+    filler = min(range(len(trees)), key=lambda i: trees[i].n_tokens, default=0)  # forwarded by padding steps
+    if dist.main:
+        console.print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
+                      f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
+                      f"{n_zero_var_groups}/{len(groups)} zero-variance groups, {dist.world} process(es)", highlight=False)
 
     # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
     #    The architecture is checked from its config first, then by a packed-vs-per-path self-test.
-    cuda = torch.cuda.is_available()
-    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
     src = out if resuming else Path(cfg.model)
     model_config = _load_config(src)
     attention = cfg.attention
@@ -194,16 +223,22 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     # Under LoRA the weights stay those of the start model; a resumed call puts its saved adapter back on them.
     weights = Path(cfg.model) if cfg.lora_rank else src
     try:
-        lm = AutoModelForCausalLM.from_pretrained(weights, attn_implementation=attn, dtype=torch.float32)
+        lm = AutoModelForCausalLM.from_pretrained(weights, attn_implementation=attn,
+                                                  dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
     except (OSError, ValueError) as e:
         raise UserError(f"{weights}: cannot load the policy ({e})") from None
     self_test(lm, attention)
+    if cfg.activation_checkpointing:
+        enable_activation_checkpointing(lm)
+    if dist.main:
+        print(memory.estimate_line(memory.shape_of(model_config), cfg, dist.world))
     adapter = None
     if cfg.lora_rank:
         adapter = lora.add_adapter(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
                                    resume_from=out / lora.ADAPTER_DIR if resuming else None)
     policy = PackedPolicy(lm)
-    optimizer = torch.optim.AdamW(lora.trainable(policy), lr=cfg.lr, weight_decay=0.0)
+    master = MasterWeights(lora.trainable(policy)) if cfg.precision == "bf16" else None
+    optimizer = torch.optim.AdamW(master.masters if master else lora.trainable(policy), lr=cfg.lr, weight_decay=0.0)
     if resuming or not cfg.lora_rank:  # a fresh adapter has nothing to do with an earlier step's moments
         ckpt.load_optimizer(optimizer, src / ckpt.OPTIMIZER_FILE)
     policy, optimizer = accelerator.prepare(policy, optimizer)
@@ -217,17 +252,24 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     dev = accelerator.device
 
     def save(epochs_done: int, updates_done: int, batch: dict) -> None:
+        # Rank 0 writes; the others wait, so no rank runs ahead of a checkpoint it may resume from.
+        if not dist.main:
+            dist.barrier()
+            return
         state = ckpt.TrainerState(cfg.algo, cfg.epochs, epochs_done, updates_done, epochs_done == cfg.epochs, chosen)
         lm_ = accelerator.unwrap_model(policy).lm
         ckpt.save_checkpoint(out, lm=lm_, tokenizer_dir=src, optimizer=optimizer,
                              state=state, config=cfg, value=accelerator.unwrap_model(value) if value is not None else None,
                              value_optimizer=value_opt, batch_state=batch,
                              lm_state=lora.merged_state_dict(lm_) if adapter is not None else None, adapter=adapter)
+        dist.barrier()
 
     if not trees:
         # Nothing to learn this step (all groups zero-variance, or no rollout above --min-reward):
         # the policy is written unchanged so the loop can go on, and the metrics say why.
         save(cfg.epochs, 0, {})
+        if not dist.main:
+            return TrainResult(out, 0, 0, 0, {})
         line = MetricsLine(0, {"train/rollouts": 0.0, "train/zero_var_groups": float(n_zero_var_groups),
                                "train/groups": float(len(groups))}, time.time())
         with JsonlWriter(metrics_path) as w:
@@ -237,13 +279,20 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
 
     # 5) logp_old (and logp_ref, V_old) from the same packed forward before any update.
     budget = cfg.token_budget
+    all_rows = list(range(len(trees)))
+
+    def plan(rows: list[int]) -> list:  # this rank's micro-batches of `rows` (group tries when sharing), padded
+        return padded_plan(rows, owner, dist.rank, dist.world,
+                           lambda mine: trie.plan(trees, mine, budget, cfg.share_prefixes))
+
     if resuming:
         batch = ckpt.load_batch_state(out)
     else:
-        batch = {"logp_old": _score_all(policy, trees, budget, attention, accelerator, cfg.share_prefixes)}
+        batch = {"logp_old": _score_all(policy, trees, plan(all_rows), filler, attention, accelerator, dist)}
         if cfg.kl_coef > 0:
+            # The reference model is not wrapped (it takes no gradient), so its calls need not match across ranks.
             ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32)).to(dev)
-            batch["logp_ref"] = _score_all(ref, trees, budget, attention, accelerator, cfg.share_prefixes)
+            batch["logp_ref"] = _score_all(ref, trees, plan(all_rows), filler, attention, accelerator, dist)
             del ref
     logp_old, logp_ref = batch["logp_old"], batch.get("logp_ref")
     logp_rollout = [t.rollout_logprobs[t.trainable] for t in trees]  # trainable tokens only are scored
@@ -254,29 +303,28 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     warmup_losses: list[float] = []
     advantages = returns
     if value is not None:
-        all_rows = list(range(len(trees)))
         batch_w = _token_weights(trees, all_rows, cfg.aggregation)  # Σ = 1 over the whole batch
         if not resuming:
             if fresh_value:
                 accelerator.unwrap_model(value).start_at(float(sum((batch_w[i] * returns[i]).sum() for i in all_rows)))
             for _ in range(cfg.value_warmup_steps):
-                warmup_losses.append(_value_step(value, value_opt, accelerator, trees, all_rows, returns, cfg, attention, dev,
-                                                 batch_w))
-            batch["values"] = _score_all(value, trees, budget, attention, accelerator, cfg.share_prefixes)
+                warmup_losses.append(_value_step(value, value_opt, accelerator, trees, plan(all_rows), filler, returns, cfg,
+                                                 attention, dev, batch_w, dist))
+            batch["values"] = _score_all(value, trees, plan(all_rows), filler, attention, accelerator, dist)
         advantages = [L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)]
         if cfg.norm_adv:
             flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
             advantages = list(flat.split([t.n_trainable for t in trees]))
 
     kept: list[dict] = []  # this call's earlier updates (a resumed call): they count in the step's metrics
-    if resuming and metrics_path.exists():
+    if resuming and metrics_path.exists() and dist.main:
         # Lines written after the checkpoint we resume from would be repeated: drop them.
         kept = [r for r in read_jsonl(metrics_path).records if r.get("train/update", 0) <= prior.updates_done]
         atomic_write_bytes(metrics_path, b"".join(orjson.dumps(r) + b"\n" for r in kept))
 
     # 7) Epochs × minibatches of clipped updates; each minibatch is one optimizer step, accumulated
     #    over micro-batches with weights that make the sum a token-mean (or rollout-mean) of the minibatch.
-    writer = JsonlWriter(metrics_path)
+    writer = JsonlWriter(metrics_path) if dist.main else None
     update = prior.updates_done if resuming else 0
     last: dict[str, float] = {}
     updates: list[dict] = list(kept)
@@ -289,10 +337,14 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
             sums = {k: 0.0 for k in ("loss", "pg_loss", "kl_ref", "clip_frac", "tis_clip_frac", "entropy",
                                       "mismatch_abs", "mismatch_k3", "value_loss", "value_mean", "adv_mean")}
             seq_ratios, tokens_fwd = [], 0
-            for rows, mb in microbatches(trees, mb_rows, budget, attention, cfg.share_prefixes):
+            steps = plan(mb_rows)
+            for j, step in enumerate(steps):
+                pad = step is None  # a zero-weight step, only there so every rank makes the same calls
+                rows, mb = _collated(step, trees, filler, attention)
                 mb = mb.to(dev)
-                tokens_fwd += mb.n_tokens
-                w, old, roll = _cat(weights, rows).to(dev), _cat(logp_old, rows).to(dev), _cat(logp_rollout, rows).to(dev)
+                tokens_fwd += 0 if pad else mb.n_tokens
+                w = torch.zeros(trees[filler].n_trainable) if pad else _cat(weights, rows)
+                w, old, roll = w.to(dev), _cat(logp_old, rows).to(dev), _cat(logp_rollout, rows).to(dev)
                 adv = _cat(advantages, rows).to(dev)
                 local_seq = _seq_index(trees, rows).to(dev)
                 with accelerator.autocast():
@@ -309,7 +361,12 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
                         per_tok = per_tok + cfg.kl_coef * kl
                     sums["pg_loss"] += float((w * pg).detach().sum())
                 loss = (w * per_tok).sum()
-                accelerator.backward(loss)
+                # DDP averages gradients over ranks; × world makes the ranks' partial sums add up to the loss.
+                # Gradients are all-reduced once per minibatch, on its last micro-batch.
+                with accelerator.no_sync(policy) if j < len(steps) - 1 else contextlib.nullcontext():
+                    accelerator.backward(loss * dist.world)
+                if pad:
+                    continue
                 # Metrics: each a weighted mean over the minibatch's trainable tokens.
                 lr_ = (old - roll).detach()
                 for k, v in (("loss", loss), ("clip_frac", clipped.float()), ("tis_clip_frac", tis_trunc.float()),
@@ -318,11 +375,19 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
                     if v is not None:
                         sums[k] += float(v.detach().sum()) if k == "loss" else float((w * v.detach()).sum())
                 seq_ratios += [float(x) for x in torch.zeros(len(rows), device=dev).index_add_(0, local_seq, lr_).exp()]
+            sums = dist.sum({**sums, "tokens_forwarded": float(tokens_fwd)})
+            tokens_fwd, seq_ratios = int(sums.pop("tokens_forwarded")), dist.gather_list(seq_ratios)
             grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
+            if master is not None:
+                master.grads_in()
             optimizer.step()
+            if master is not None:
+                master.weights_out()
+                policy.zero_grad(set_to_none=True)
             optimizer.zero_grad(set_to_none=True)
             if value is not None:
-                sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, mb_rows, returns, cfg, attention, dev, weights)
+                sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, plan(mb_rows), filler, returns, cfg,
+                                                 attention, dev, weights, dist)
                 sums["value_mean"] = float(sum((weights[i] * batch["values"][i]).sum() for i in mb_rows))
             update += 1
             dt = time.perf_counter() - t0
@@ -339,34 +404,68 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
                 "train/tokens_saved": float(sum(t.path_tokens - t.n_tokens for t in trees)),
                 "train/trainable_tokens": float(sum(trees[i].n_trainable for i in mb_rows)),
                 "train/rollouts": float(len(mb_rows)), "train/groups": float(len(groups)),
+                "train/processes": float(dist.world),
                 "train/zero_var_groups": float(n_zero_var_groups),
                 "train/tis_seq_ratio": sum(seq_ratios) / len(seq_ratios),
             })
             if warmup_losses:
                 vals["train/value_warmup_loss_first"], vals["train/value_warmup_loss_last"] = warmup_losses[0], warmup_losses[-1]
-            writer.append(MetricsLine(update, vals, time.time()).to_json())
             last = vals
             updates.append(vals)
+            if writer is None:
+                continue
+            writer.append(MetricsLine(update, vals, time.time()).to_json())
             console.print(f"update {update} | loss {vals['train/loss']:.4f} | clip {vals['train/clip_frac']:.3f} | "
                           f"entropy {vals['train/entropy']:.3f} | grad {grad_norm:.3f} | {vals['train/tokens_per_s']:.0f} tok/s",
                           highlight=False)
         # 9) Checkpoint after every epoch (atomic); the last one is marked complete.
         save(epoch + 1, update, batch)
-    writer.close()
+    if writer is not None:
+        writer.close()
     return TrainResult(out, update, len(trees), T_total, last, reduce_updates(updates))
 
 
-def _value_step(value, opt, accelerator, trees, rows_all, returns, cfg, attention, dev, weights) -> float:
-    """One value-model optimizer step on the given trees: masked ½(V − R)² under the minibatch's weights."""
+def _collated(step, trees: list[PackedTree], filler: int, attention: str):
+    """(tree indices in label order, micro-batch) of a planned step; a padding step (None) forwards
+    the smallest tree, which the caller weighs zero."""
+    rows, parts = step if step is not None else ([filler], [trees[filler]])
+    return rows, collate(parts, range(len(parts)), attention=attention)
+
+
+def _value_step(value, opt, accelerator, trees, steps, filler, returns, cfg, attention, dev, weights, dist) -> float:
+    """One value-model optimizer step on this rank's micro-batches `steps` (None: a zero-weight padding step):
+    masked ½(V − R)² under the minibatch's weights, summed over ranks."""
     total = 0.0
-    for rows, mb in microbatches(trees, rows_all, cfg.token_budget, attention, cfg.share_prefixes):
+    for k, step in enumerate(steps):
+        pad = step is None
+        rows, mb = _collated(step, trees, filler, attention)
         mb = mb.to(dev)
         with accelerator.autocast():
             v = value(mb)
-        loss = (_cat(weights, rows).to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()
-        accelerator.backward(loss)
+        w = torch.zeros(trees[filler].n_trainable) if pad else _cat(weights, rows)
+        loss = (w.to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()
+        with accelerator.no_sync(value) if k < len(steps) - 1 else contextlib.nullcontext():
+            accelerator.backward(loss * dist.world)
         total += float(loss.detach())
     accelerator.clip_grad_norm_(value.parameters(), cfg.max_grad_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return total
+    return dist.sum({"v": total})["v"]
+
+
+def main(argv: list[str]) -> int:
+    """A launched rank: `python -m clawgym.train.loop SPEC.json` (distributed.launch starts N of them)."""
+    import sys
+
+    try:
+        train(read_spec(Path(argv[0])))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -28,7 +28,7 @@ REDUCTIONS: dict[str, str] = {
     "train/value_loss": "mean", "train/value_mean": "mean", "train/adv_mean": "mean", "train/grad_norm": "mean",
     "train/tokens_per_s": "mean", "train/tree_token_ratio": "mean", "train/tis_seq_ratio": "mean",
     "train/update": "last", "train/epoch": "last", "train/lr": "last", "train/tokens_saved": "last",
-    "train/groups": "last", "train/zero_var_groups": "last",
+    "train/groups": "last", "train/zero_var_groups": "last", "train/processes": "last",
     "train/value_warmup_loss_first": "last", "train/value_warmup_loss_last": "last",
     "train/tokens_forwarded": "sum",
     "train/trainable_tokens": "batch", "train/rollouts": "batch",

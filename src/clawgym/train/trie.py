@@ -133,15 +133,20 @@ def plan_tries(trees: Sequence[PackedTree], rows: Sequence[int], token_budget: i
     return groups
 
 
-def microbatches(trees: Sequence[PackedTree], rows: Sequence[int], token_budget: int, attention: str,
-                 share_prefixes: bool = True) -> Iterator[tuple[list[int], MicroBatch]]:
-    """The given trees as micro-batches: (the trees' indices in label order, the micro-batch).
-
-    With `share_prefixes`, trees sharing a prefix are merged into tries first; the micro-batch's
-    scored tokens are then those of the listed trees, one after the other, as without sharing.
-    """
+def plan(trees: Sequence[PackedTree], rows: Sequence[int], token_budget: int,
+         share_prefixes: bool = True) -> list[tuple[list[int], list[PackedTree]]]:
+    """The given trees' micro-batches, not yet collated: (the trees' indices in label order, the packed
+    trees or tries to collate). With `share_prefixes`, trees sharing a prefix are merged into tries
+    first; a micro-batch's scored tokens are then those of the listed trees, one after the other."""
     rows = list(rows)
     units = plan_tries(trees, rows, token_budget) if share_prefixes else [[i] for i in rows]
     packed = [trees[u[0]] if len(u) == 1 else merge_trees([trees[i] for i in u]) for u in units]
-    for picked in plan_microbatches([p.n_tokens for p in packed], token_budget):
-        yield [i for u in picked for i in units[u]], collate(packed, picked, attention=attention)
+    return [([i for u in picked for i in units[u]], [packed[u] for u in picked])
+            for picked in plan_microbatches([p.n_tokens for p in packed], token_budget)]
+
+
+def microbatches(trees: Sequence[PackedTree], rows: Sequence[int], token_budget: int, attention: str,
+                 share_prefixes: bool = True) -> Iterator[tuple[list[int], MicroBatch]]:
+    """`plan`'s micro-batches collated one at a time: (the trees' indices in label order, the micro-batch)."""
+    for picked, parts in plan(trees, rows, token_budget, share_prefixes):
+        yield picked, collate(parts, range(len(parts)), attention=attention)

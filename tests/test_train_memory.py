@@ -1,0 +1,110 @@
+"""The memory formula (train/memory.py), bf16 weights with fp32 optimizer state, activation checkpointing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from clawgym.artifacts import RolloutRecord, TreeNode, write_table
+from clawgym.train import memory as M
+from clawgym.train.config import TrainConfig
+from clawgym.train.loop import train
+
+
+def test_parameter_counts_match_the_published_qwen3_sizes():
+    # Qwen3's model cards: 0.6B (0.44B non-embedding), 4.0B, 8.2B, 32.8B.
+    assert [round(M.param_count(s) / 1e9, 1) for s in M.QWEN3.values()] == [0.6, 4.0, 8.2, 32.8]
+    s = M.QWEN3["0.6B"]
+    assert round((M.param_count(s) - s.vocab * s.hidden) / 1e9, 2) == 0.44
+
+
+def test_the_formula_by_hand_on_a_small_shape():
+    s = M.Shape(hidden=8, layers=2, ffn=16, heads=2, kv_heads=1, head_dim=4, vocab=100, tied=True)
+    # per layer: q 8·8 + k,v 2·8·4 + o 8·8 + 3·8·16 MLP + norms 2·8 + q/k norms 2·4 = 64+64+64+384+16+8
+    assert M.layer_params(s) == 600
+    assert M.param_count(s) == 2 * 600 + 100 * 8 + 8
+    P = 2008
+    e = M.estimate(s, precision="bf16", activation_checkpointing=False)
+    assert (e.weights, e.grads, e.optimizer) == (2 * P, 2 * P, 12 * P)  # bf16 weights/grads, fp32 master + 2 moments
+    e32 = M.estimate(s, precision="fp32")
+    assert (e32.weights, e32.grads, e32.optimizer) == (4 * P, 4 * P, 8 * P)
+    full_layer = 2 * (4 * 8 + 2 * 8 + 2 * 4 + 4 * 16)
+    assert e.act_per_token == 2 * full_layer
+    assert M.estimate(s).act_per_token == 2 * 8 * 2 + full_layer  # checkpointing: layer inputs + one layer
+    assert e.head_per_trainable_token == 14 * 100
+    sharded = M.estimate(s, fsdp=4)
+    assert sharded.optimizer == 12 * P / 4 and sharded.weights == 2 * P / 4 + 2 * 600 * 2
+    lora = M.estimate(s, lora_rank=2)
+    assert lora.trainable == 2 * 2 * ((8 + 8) + 2 * (8 + 4) + (8 + 8) + 2 * (8 + 16) + (16 + 8))
+    assert lora.optimizer == 12 * lora.trainable and lora.weights == 2 * (P + lora.trainable)
+    # What fits: the static part alone over the GPU is "0 tokens".
+    assert M.estimate(M.QWEN3["8B"], precision="bf16").max_tokens(80e9) == 0
+    assert M.estimate(M.QWEN3["8B"], fsdp=8).max_tokens(80e9) > 32_000
+
+
+def _step(d: Path) -> Path:
+    prompt, nodes, rows = list(range(40, 60)), [], []
+    for i, (ans, r) in enumerate([([101, 102, 103], 1.0), ([201, 202, 203], 0.0)]):
+        nodes += [TreeNode(f"r{i}", 0, -1, prompt, "env", [], "c0", 0, "main", True, 0),
+                  TreeNode(f"r{i}", 1, 0, ans, "model", [-9.0] * 3, "c0", 0, "main", True, len(prompt))]
+        rows.append(RolloutRecord(f"r{i}", "t1", "agentloop", "t1+agentloop", 0, "ok", r, 1, 1.0, 0))
+    write_table(d / "trees.parquet", nodes, TreeNode)
+    write_table(d / "rollouts.parquet", rows, RolloutRecord)
+    return d
+
+
+@pytest.mark.slow
+def test_bf16_keeps_bf16_weights_and_fp32_optimizer_state_and_checkpointing_changes_nothing(tiny_model, tmp_path, capfd):
+    from safetensors.torch import load_file
+
+    step = _step(tmp_path / "step")
+
+    def run(out: str, **kw) -> dict:
+        train(TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model,
+                          out=tmp_path / out, metrics=tmp_path / f"{out}.jsonl", lr=1e-3, **kw))
+        return load_file(tmp_path / out / "model.safetensors")
+
+    plain, ckpointed = run("plain"), run("ckpt", activation_checkpointing=True)
+    for k in plain:
+        torch.testing.assert_close(plain[k], ckpointed[k], atol=1e-6, rtol=0)
+    assert "memory per process (fp32" in capfd.readouterr().out
+    half = run("bf16", precision="bf16")
+    start = load_file(tiny_model / "model.safetensors")
+    assert all(v.dtype == torch.bfloat16 for v in half.values())
+    opt = torch.load(tmp_path / "bf16" / "optimizer.pt", weights_only=True)
+    assert all(s["exp_avg"].dtype == torch.float32 for s in opt["state"].values())
+    # The bf16 run moves the weights as the fp32 run does, to bf16's resolution.
+    k = "model.layers.0.mlp.down_proj.weight"
+    d32, d16 = (plain[k] - start[k]).flatten(), (half[k].float() - start[k]).flatten()
+    assert torch.nn.functional.cosine_similarity(d32, d16, dim=0) > 0.9
+
+
+def test_activation_checkpointing_recomputes_each_layer_in_the_backward(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from clawgym.train.packing import PackedPolicy, collate, pack_tree
+    from clawgym.train.precision import enable_activation_checkpointing
+
+    tree = pack_tree([TreeNode("r", 0, -1, list(range(40, 60)), "env", [], "c0", 0, "main", True, 0),
+                      TreeNode("r", 1, 0, [101, 102], "model", [-9.0] * 2, "c0", 0, "main", True, 20)])
+    grads, saved = [], []
+    for ckpt in (False, True):
+        lm = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa", dtype=torch.float32)
+        if ckpt:
+            assert enable_activation_checkpointing(lm) == lm.config.num_hidden_layers
+        n = [0]
+
+        def count(t: torch.Tensor) -> torch.Tensor:
+            n[0] += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            logp, _ = PackedPolicy(lm)(collate([tree], [0]))
+        logp.sum().backward()
+        saved.append(n[0])
+        grads.append(lm.model.layers[0].mlp.down_proj.weight.grad.clone())
+        assert not lm.model.layers[0].self_attn.training  # dropout stays off
+    assert saved[1] < saved[0] / 2  # the layers' insides are not kept for the backward: they are recomputed
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=0)
