@@ -51,7 +51,8 @@ def hf_calls(tiny_model, tmp_path_factory):
     rows = [call(i, [10 + i, 11, 12, 13] * (i + 2), g.output_ids, g.output_logprobs, sampling_json='{"temperature": 1.0}')
             for i, g in enumerate(gens)]
     rows.append(call(9, [1, 2], [], [], status="engine_error", error="overloaded"))
-    path = tmp_path_factory.mktemp("hf") / "calls.parquet"
+    path = tmp_path_factory.mktemp("mismatch") / "hf" / "calls.parquet"
+    path.parent.mkdir()
     write_table(path, rows, CallRecord)
     return path
 

@@ -98,8 +98,10 @@ def test_two_processes_update_the_weights_as_one_does(uneven, tiny_model, tmp_pa
     for a, b in zip(lines_one, lines_two):
         va, vb = a.values, b.values
         assert (va["train/processes"], vb["train/processes"]) == (1, 2)
-        for k in ("train/loss", "train/entropy", "train/tokens_forwarded", "train/trainable_tokens", "train/grad_norm"):
+        for k in ("train/loss", "train/entropy", "train/trainable_tokens", "train/grad_norm"):
             assert vb[k] == pytest.approx(va[k], rel=1e-4, abs=1e-6), k
+        # Group tries form within a rank only: two ranks may forward a shared prefix twice, never fewer tokens.
+        assert vb["train/tokens_forwarded"] >= va["train/tokens_forwarded"]
 
 
 @pytest.mark.slow

@@ -1,20 +1,35 @@
-"""Harness adapters by name: the built-in agentloop and the real Claude Code, Codex and OpenClaw CLIs."""
+"""Harness adapters by name: the built-in agentloop and the real Claude Code, Codex and OpenClaw CLIs.
+
+`HARNESSES` is built on first use: the agentloop's own process (`python -m
+clawgym.rollout.harnesses.agentloop`, one per rollout) imports this package too, and must not pay
+for the other adapters' imports (pyarrow among them) on every start.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from clawgym.rollout.harnesses.agentloop import AgentLoop
 from clawgym.rollout.harnesses.base import Endpoint, Harness, Launch, Outcome
-from clawgym.rollout.harnesses.claude_code import ClaudeCode
-from clawgym.rollout.harnesses.codex import Codex
-from clawgym.rollout.harnesses.openclaw import OpenClaw
 
-HARNESSES: dict[str, Callable[..., Harness]] = {
-    "agentloop": AgentLoop,
-    "claude-code": ClaudeCode,
-    "codex": Codex,
-    "openclaw": OpenClaw,
-}
+if TYPE_CHECKING:
+    HARNESSES: dict[str, Callable[..., Harness]]
+
+
+def _adapters() -> dict[str, Callable[..., Harness]]:
+    from clawgym.rollout.harnesses.agentloop import AgentLoop
+    from clawgym.rollout.harnesses.claude_code import ClaudeCode
+    from clawgym.rollout.harnesses.codex import Codex
+    from clawgym.rollout.harnesses.openclaw import OpenClaw
+
+    return {"agentloop": AgentLoop, "claude-code": ClaudeCode, "codex": Codex, "openclaw": OpenClaw}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HARNESSES":
+        value = _adapters()
+        globals()["HARNESSES"] = value  # later lookups find the module attribute directly
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["HARNESSES", "Endpoint", "Harness", "Launch", "Outcome"]
