@@ -41,6 +41,7 @@ def smollm2_vllm(smollm2_model, tmp_path_factory):
         stop(proxy)
 
 
+@pytest.mark.timeout(1800)  # vLLM compiles SmolLM2 for 10-22 min on a loaded 2-core machine (docs/engines.md)
 def test_vllm_serves_smollm2_with_its_template_and_parser(smollm2_vllm, smollm2_model):
     from transformers import AutoTokenizer
 
