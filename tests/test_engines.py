@@ -126,10 +126,67 @@ def test_hf_reload_bumps_version_and_changes_weights(tiny_model, tmp_path):
         run(eng.generate([1], s))
 
 
-def test_hf_packs_long_prompts_alone(hf_engine):
-    from clawgym.engines.hf import _Job
+def test_hf_admits_long_prompts_alone():
+    from collections import deque
 
-    jobs = [_Job([1] * n, Sampling(max_tokens=1), None, None) for n in (40_000, 100, 120, 30_000, 90)]
-    batches = hf_engine._pack(jobs)
-    sizes = sorted(sorted(len(j.prompt_ids) for j in b) for b in batches)
-    assert sizes == [[90, 100, 120], [30_000], [40_000]]
+    from clawgym.engines.hf import _Job, admissible
+
+    def jobs(*lengths):
+        return deque(_Job([1] * n, Sampling(max_tokens=1), None, None) for n in lengths)
+
+    lens = lambda taken: [len(j.prompt_ids) for j in taken]  # noqa: E731
+    waiting = jobs(40_000, 100, 120, 30_000, 90)
+    assert lens(admissible(waiting, 0, 0, 8, 65536)) == [40_000]  # an empty batch always takes the first
+    assert lens(admissible(waiting, 1, 40_000, 8, 65536)) == []  # nothing joins a 40k-wide batch
+    assert lens(admissible(waiting, 0, 0, 8, 65536)) == [100, 120]  # first come, first served: 30k waits
+    assert lens(admissible(waiting, 2, 130, 8, 65536)) == []
+    assert lens(admissible(waiting, 0, 0, 8, 65536)) == [30_000, 90]  # 2 rows x 30k fit 65536
+    assert lens(admissible(jobs(5, 5, 5), 6, 50, 8, 65536)) == [5, 5]  # max_batch rows
+
+
+async def _late(engine, early, late):
+    """Start `early`, and send `late` once `early` has run a few decode steps; both results, late first done."""
+    first = asyncio.ensure_future(engine.generate(*early))
+    start = engine.decode_steps
+    while engine.decode_steps < start + 3:
+        assert not first.done()
+        await asyncio.sleep(0.005)
+    second = await engine.generate(*late)
+    assert not first.done()  # the late request was answered while the early one still ran
+    return await first, second
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("late_prompt", [[4, 5], list(range(3, 40))], ids=["narrower", "wider"])
+def test_hf_late_request_joins_at_a_step_and_equals_running_alone(tiny_model, late_prompt):
+    """A request arriving mid-generation joins the running batch (left-padded into its cache, or widening
+    it) and samples exactly what it samples alone, greedy and seeded; the running request too."""
+    engine = HFEngine(tiny_model, max_batch=8)
+    early = ([7, 8, 9, 10, 11, 12], Sampling(max_tokens=24, temperature=1.0, seed=3))
+    lates = [(late_prompt, Sampling(max_tokens=5, temperature=0.0)),
+             (late_prompt, Sampling(max_tokens=5, temperature=0.9, seed=5))]
+    for late in lates:
+        a, b = run(_late(engine, early, late))
+        alone_a, alone_b = run(engine.generate(*early)), run(engine.generate(*late))
+        for got, alone in ((a, alone_a), (b, alone_b)):
+            assert got.output_ids == alone.output_ids and got.finish_reason == alone.finish_reason
+            assert got.output_logprobs == pytest.approx(alone.output_logprobs, abs=1e-5)
+        assert len(a.output_ids) == 24 and len(b.output_ids) == 5
+    run(engine.close())
+
+
+@pytest.mark.slow
+def test_hf_without_late_admission_waits_for_the_batch(tiny_model):
+    engine = HFEngine(tiny_model, late_admission=False)
+    early = ([7, 8, 9], Sampling(max_tokens=30, temperature=0.0))
+
+    async def go():
+        first = asyncio.ensure_future(engine.generate(*early))
+        while engine.decode_steps < 3:
+            await asyncio.sleep(0.005)
+        second = await engine.generate([4, 5], Sampling(max_tokens=2, temperature=0.0))
+        return first.done(), second
+
+    first_done, second = run(go())
+    assert first_done and len(second.output_ids) == 2
+    run(engine.close())

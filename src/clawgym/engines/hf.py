@@ -1,15 +1,24 @@
 """The hf engine: a transformers causal LM on CPU (or one GPU), the embedded default policy.
 
 One worker thread owns the model, so the aiohttp event loop never blocks on a forward pass and
-two requests never touch the model at once. Requests that arrive while it is busy are batched:
-the worker takes everything queued (up to `max_batch` requests and `max_batch_tokens` padded
-prompt tokens, so a 30k-token harness prompt runs alone), left-pads the prompts, prefills them in
-chunks (attention memory grows with chunk x length, not length squared), and runs one decode loop
-with a KV cache, each row with its own temperature, top-p, top-k, seed, stop ids and token
-budget. Rows that finish early stop counting; the loop ends when all have.
+two requests never touch the model at once. It batches continuously at the decode step: between
+two steps it admits the requests that arrived meanwhile (up to `max_batch` rows and
+`max_batch_tokens` rows x cache width, so a 30k-token harness prompt runs alone), prefills them in
+chunks (attention memory grows with chunk x length, not length squared) and joins their KV cache
+to the running batch's. Each row keeps its own temperature, top-p, top-k, seed, stop ids, token
+budget and position ids, and answers as soon as it finishes, so a request that arrives while a
+long generation runs waits for one decode step, not for the whole batch.
 
-Weight reloads go through the same queue, so a reload waits for the running batch and every
-completion is sampled from exactly one policy version.
+Joining caches: every row's tokens sit right-aligned in the cache (left padding, masked out), so
+two batches join by left-padding the narrower one's keys and values and concatenating rows; a
+finished row is dropped, and the leading columns that only padding uses go with it. Only plain
+full-attention caches (transformers' `DynamicLayer`) can be joined this way. Any other cache
+(sliding windows, state-space layers) keeps the batch as it started: new requests wait until it
+ends. Padding changes no row's result beyond float rounding (tests/test_engines.py checks a late
+request against the same request run alone).
+
+Weight reloads go through the same queue: a reload waits for the running batch, and requests
+behind it wait for the reload, so every completion is sampled from exactly one policy version.
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +50,34 @@ class _Reload:
     loop: asyncio.AbstractEventLoop
 
 
+@dataclass
+class _Row:
+    """One request in the running batch."""
+
+    job: _Job
+    generator: Any
+    stops: set[int]
+    pos: int
+    """position id of the row's last token in the cache"""
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str = ""
+
+
+@dataclass
+class _Batch:
+    """The running batch: rows, their joint KV cache, its attention mask [B, width] and the next logits [B, V]."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: Any
+    logits: Any
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[1])
+
+
 def _cache_of(out: Any) -> Any:
     return out["cache"] if "cache" in out else out.past_key_values
 
@@ -56,11 +94,49 @@ def _resolve(job: Any, result: Any = None, error: BaseException | None = None) -
     job.loop.call_soon_threadsafe(set_)
 
 
+def _left_pad(t: Any, width: int, dim: int) -> Any:
+    """`t` with zeros prepended along `dim` up to `width` (masked-out padding)."""
+    import torch
+
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def admissible(waiting: deque, rows: int, width: int, max_batch: int, max_batch_tokens: int) -> list[_Job]:
+    """Pop the jobs at the head of `waiting` that join a batch of `rows` rows and cache `width`.
+
+    First come, first served: admission stops at a reload, a shutdown marker or the first job that
+    would push rows x width past `max_batch_tokens`; an empty batch always takes its first job.
+    """
+    taken: list[_Job] = []
+    while waiting and isinstance(waiting[0], _Job) and rows + len(taken) < max_batch:
+        n = rows + len(taken) + 1
+        w = max(width, len(waiting[0].prompt_ids))
+        if n > 1 and n * w > max_batch_tokens:
+            break
+        width = w
+        taken.append(waiting.popleft())
+    return taken
+
+
+def joinable(cache: Any) -> bool:
+    """Whether batches with this cache can be joined and cut row-wise (plain full-attention layers only)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+
+
 class HFEngine:
-    """transformers model behind a batching worker thread; see the module docstring."""
+    """transformers model behind a continuously batching worker thread; see the module docstring."""
 
     def __init__(self, model_dir: Path, *, max_batch: int = 8, device: str = "cpu", threads: int | None = None,
-                 max_context: int | None = None, max_batch_tokens: int = 65536, prefill_chunk: int = 2048):
+                 max_context: int | None = None, max_batch_tokens: int = 65536, prefill_chunk: int = 2048,
+                 late_admission: bool = True):
         import torch
 
         if threads:
@@ -68,9 +144,13 @@ class HFEngine:
         self.device = device
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
-        """rows x padded prompt length per batch: long prompts (harness prompts run 20-40k tokens) go alone"""
+        """rows x cache width per batch: long prompts (harness prompts run 20-40k tokens) go alone"""
         self.prefill_chunk = prefill_chunk
         """prompt tokens per prefill forward: attention memory stays chunk x length, not length^2"""
+        self.late_admission = late_admission
+        """False: requests that arrive mid-batch wait for it to end (the baseline bench/hf_batching.py measures)"""
+        self.decode_steps = 0
+        """decode forwards run so far (tests wait on it to send a request mid-generation)"""
         self.policy_version = 0
         self.max_context = max_context or context_window(model_dir)
         self.model = self._load(Path(model_dir))
@@ -92,7 +172,8 @@ class HFEngine:
         o = config.options
         return cls(config.model_dir, max_batch=int(o.get("max_batch", 8)), device=o.get("device", "cpu"),
                    threads=o.get("threads"), max_context=o.get("max_context"),
-                   max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)))
+                   max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)),
+                   late_admission=bool(o.get("late_admission", True)))
 
     def _load(self, path: Path):
         return load_policy(path, self.device)
@@ -123,105 +204,137 @@ class HFEngine:
     # -- worker thread ---------------------------------------------------------------------------
 
     def _work(self) -> None:
+        waiting: deque = deque()  # arrivals in order: jobs, reloads, None (shut down)
+        batch: _Batch | None = None
         while True:
-            first = self._jobs.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch and isinstance(batch[-1], _Job):
+            if batch is None and not waiting:
+                waiting.append(self._jobs.get())  # idle: block until something arrives
+            while True:
                 try:
-                    nxt = self._jobs.get_nowait()
+                    waiting.append(self._jobs.get_nowait())
                 except queue.Empty:
                     break
-                if nxt is None:
-                    self._jobs.put(None)
-                    break
-                batch.append(nxt)
-            for gens in self._pack([j for j in batch if isinstance(j, _Job)]):
-                try:
-                    results = self._generate_batch(gens)
-                except Exception as e:  # an engine crash must reach the callers, not kill the thread
-                    for j in gens:
-                        _resolve(j, error=EngineError(f"hf engine failed: {type(e).__name__}: {e}"))
-                else:
-                    for j, r in zip(gens, results):
-                        _resolve(j, r)
-            for r in (j for j in batch if isinstance(j, _Reload)):
-                try:
-                    self.model = self._load(r.path)
-                    self.policy_version += 1
-                    _resolve(r, self.policy_version)
-                except Exception as e:
-                    _resolve(r, error=e if isinstance(e, UserError) else UserError(f"reload from {r.path} failed: {e}"))
+            if batch is None:
+                while waiting and isinstance(waiting[0], _Reload):
+                    self._reload(waiting.popleft())
+                if waiting and waiting[0] is None:
+                    return
+            if batch is None or (self.late_admission and joinable(batch.cache)):
+                rows = len(batch.rows) if batch else 0
+                new = admissible(waiting, rows, batch.width if batch else 0, self.max_batch, self.max_batch_tokens)
+                batch = self._admit(batch, new)
+            if batch is not None:
+                batch = self._step(batch)
 
-    def _pack(self, jobs: list[_Job]) -> list[list[_Job]]:
-        """Split jobs into batches of at most max_batch_tokens padded prompt tokens (similar lengths together)."""
-        out: list[list[_Job]] = []
-        for j in sorted(jobs, key=lambda j: len(j.prompt_ids)):
-            if out and (len(out[-1]) + 1) * len(j.prompt_ids) <= self.max_batch_tokens:
-                out[-1].append(j)
-            else:
-                out.append([j])
-        return out
+    def _reload(self, r: _Reload) -> None:
+        try:
+            self.model = self._load(r.path)
+            self.policy_version += 1
+            _resolve(r, self.policy_version)
+        except Exception as e:
+            _resolve(r, error=e if isinstance(e, UserError) else UserError(f"reload from {r.path} failed: {e}"))
 
-    def _generate_batch(self, jobs: list[_Job]) -> list[Generation]:
+    def _admit(self, batch: _Batch | None, jobs: list[_Job]) -> _Batch | None:
+        """Prefill `jobs` and join them to the running batch (a failure fails only these jobs)."""
+        for j in [j for j in jobs if j.sampling.max_tokens <= 0]:
+            _resolve(j, Generation([], [], "length", self.policy_version))
+        jobs = [j for j in jobs if j.sampling.max_tokens > 0]
+        if not jobs:
+            return batch
+        try:
+            new = self._prefill(jobs)
+            return new if batch is None else self._join(batch, new)
+        except Exception as e:  # an engine crash must reach the callers, not kill the thread
+            for j in jobs:
+                _resolve(j, error=EngineError(f"hf engine failed: {type(e).__name__}: {e}"))
+            return batch
+
+    def _prefill(self, jobs: list[_Job]) -> _Batch:
         import torch
 
-        B = len(jobs)
-        L = max(len(j.prompt_ids) for j in jobs)
+        B, L = len(jobs), max(len(j.prompt_ids) for j in jobs)
         ids = torch.full((B, L), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, L), dtype=torch.long)
         for i, j in enumerate(jobs):  # left padding: every row's next token sits at column L
-            n = len(j.prompt_ids)
-            ids[i, L - n:] = torch.tensor(j.prompt_ids)
-            mask[i, L - n:] = 1
+            ids[i, L - len(j.prompt_ids):] = torch.tensor(j.prompt_ids)
+            mask[i, L - len(j.prompt_ids):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        gens = [self._generator(j.sampling) for j in jobs]
-        stops = [set(j.sampling.stop_token_ids) | set(self.eos_ids) for j in jobs]
-        out_ids: list[list[int]] = [[] for _ in jobs]
-        out_lp: list[list[float]] = [[] for _ in jobs]
-        finish = [""] * B
-        budget = [max(0, j.sampling.max_tokens) for j in jobs]
-        for i in range(B):
-            if budget[i] == 0:
-                finish[i] = "length"
-        version = self.policy_version
-        # The attention mask for the prompt and every token to come, on the device once: each decode
-        # step takes a longer view of it instead of copying a growing mask (quadratic on long prompts).
-        full_mask = torch.ones((B, L + max(budget)), dtype=torch.long, device=self.device)
-        full_mask[:, :L] = mask.to(self.device)
-        n = L
+        mask = mask.to(self.device)
+        cache = None
         with torch.inference_mode():
-            cache = None
             for s in range(0, L, self.prefill_chunk):  # chunked prefill, each chunk attending to the cache
                 e = min(L, s + self.prefill_chunk)
                 extra = {self._cache_arg: cache} if cache is not None else {}
-                out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=full_mask[:, :e],
+                out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=mask[:, :e],
                                  position_ids=pos[:, s:e].to(self.device), use_cache=True, logits_to_keep=1, **extra)
                 cache = _cache_of(out)
-            logits, last_pos = out.logits[:, -1, :].float(), pos[:, -1]
-            while not all(finish):
-                nxt = torch.full((B,), self.pad_id, dtype=torch.long)
-                for i, j in enumerate(jobs):
-                    if finish[i]:
-                        continue
-                    tok, lp = self._sample(logits[i], j.sampling, gens[i])
-                    out_ids[i].append(tok)
-                    out_lp[i].append(lp)
-                    nxt[i] = tok
-                    if tok in stops[i]:
-                        finish[i] = "stop"
-                    elif len(out_ids[i]) >= budget[i]:
-                        finish[i] = "length"
-                if all(finish):
-                    break
-                n += 1
-                last_pos = last_pos + 1
-                out = self.model(input_ids=nxt[:, None].to(self.device), attention_mask=full_mask[:, :n],
-                                 position_ids=last_pos[:, None].to(self.device), use_cache=True,
-                                 **{self._cache_arg: cache})
-                cache, logits = _cache_of(out), out.logits[:, -1, :].float()
-        return [Generation(out_ids[i], out_lp[i], finish[i], version) for i in range(B)]
+        rows = [_Row(j, self._generator(j.sampling), set(j.sampling.stop_token_ids) | set(self.eos_ids),
+                     len(j.prompt_ids) - 1) for j in jobs]
+        return _Batch(rows, cache, mask, out.logits[:, -1, :].float())
+
+    @staticmethod
+    def _join(a: _Batch, b: _Batch) -> _Batch:
+        """One batch of a's rows then b's: the narrower cache is left-padded with masked zeros."""
+        import torch
+
+        width = max(a.width, b.width)
+        for la, lb in zip(a.cache.layers, b.cache.layers):  # keys/values are [B, heads, T, head_dim]
+            la.keys = torch.cat([_left_pad(la.keys, width, 2), _left_pad(lb.keys, width, 2)])
+            la.values = torch.cat([_left_pad(la.values, width, 2), _left_pad(lb.values, width, 2)])
+        mask = torch.cat([_left_pad(a.mask, width, 1), _left_pad(b.mask, width, 1)])
+        return _Batch(a.rows + b.rows, a.cache, mask, torch.cat([a.logits, b.logits]))
+
+    def _step(self, batch: _Batch) -> _Batch | None:
+        """Sample one token per row, answer finished rows, forward the rest one step."""
+        import torch
+
+        version = self.policy_version
+        for i, r in enumerate(batch.rows):
+            if r.finish:  # a finished row of a cache that cannot be cut rides along until the batch ends
+                continue
+            tok, lp = self._sample(batch.logits[i], r.job.sampling, r.generator)
+            r.ids.append(tok)
+            r.logprobs.append(lp)
+            if tok in r.stops:
+                r.finish = "stop"
+            elif len(r.ids) >= r.job.sampling.max_tokens:
+                r.finish = "length"
+            if r.finish:
+                _resolve(r.job, Generation(r.ids, r.logprobs, r.finish, version))
+        keep = [i for i, r in enumerate(batch.rows) if not r.finish]
+        if not keep:
+            return None
+        if len(keep) < len(batch.rows) and joinable(batch.cache):
+            batch = self._select(batch, keep)
+        try:
+            nxt = torch.tensor([[self.pad_id if r.finish else r.ids[-1]] for r in batch.rows], device=self.device)
+            for r in batch.rows:
+                r.pos += 1
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+            with torch.inference_mode():
+                out = self.model(input_ids=nxt, attention_mask=batch.mask, use_cache=True,
+                                 position_ids=torch.tensor([[r.pos] for r in batch.rows], device=self.device),
+                                 **{self._cache_arg: batch.cache})
+            batch.cache, batch.logits = _cache_of(out), out.logits[:, -1, :].float()
+            self.decode_steps += 1
+            return batch
+        except Exception as e:  # an engine crash must reach the callers, not kill the thread
+            for r in batch.rows:
+                _resolve(r.job, error=EngineError(f"hf engine failed: {type(e).__name__}: {e}"))
+            return None
+
+    @staticmethod
+    def _select(batch: _Batch, keep: list[int]) -> _Batch:
+        """The batch cut to rows `keep`, without the leading columns only padding uses any more."""
+        import torch
+
+        idx = torch.tensor(keep, device=batch.mask.device)
+        mask = batch.mask.index_select(0, idx)
+        start = int(mask.any(0).nonzero()[0])
+        for layer in batch.cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, start:]
+            layer.values = layer.values.index_select(0, idx)[:, :, start:]
+        return _Batch([batch.rows[i] for i in keep], batch.cache, mask[:, start:], batch.logits.index_select(0, idx))
 
     @staticmethod
     def _generator(s: Sampling):
