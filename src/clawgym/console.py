@@ -14,7 +14,9 @@ import io
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-STDERR = Console(stderr=True)
+STDERR = Console(stderr=True, soft_wrap=True)
+# soft_wrap: a printed line stays one line when stderr is a file or pipe (rich would break it at 80
+# columns there); tables still fit the width.
 QUIET = Console(file=io.StringIO(), quiet=True)
 """a console that prints nothing: the stages' tables under `clawgym run` without --verbose (not a
 terminal, so a stage's progress bar on it does not capture what other code prints to stderr)"""

@@ -206,10 +206,6 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     T_total = sum(t.n_trainable for t in trees)
     owner = shard([t.n_tokens for t in trees], dist.world)
     filler = min(range(len(trees)), key=lambda i: trees[i].n_tokens, default=0)  # forwarded by padding steps
-    if dist.main:
-        console.print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
-                      f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
-                      f"{n_zero_var_groups}/{len(groups)} zero-variance groups, {dist.world} process(es)", highlight=False)
 
     # 4) Models and optimizers, placed by accelerate; resume or reuse the previous optimizer state.
     #    The architecture is checked from its config first, then by a packed-vs-per-path self-test.
@@ -276,6 +272,12 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
             w.append(line.to_json())
         console.print(f"nothing to learn: wrote the unchanged policy to {out}", highlight=False)
         return TrainResult(out, 0, 0, 0, {}, reduce_updates([line.values]))
+
+    # Said once the models are loaded and checked, so a refused architecture or option is the only line.
+    if dist.main:
+        console.print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
+                      f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
+                      f"{n_zero_var_groups}/{len(groups)} zero-variance groups, {dist.world} process(es)", highlight=False)
 
     # 5) logp_old (and logp_ref, V_old) from the same packed forward before any update.
     budget = cfg.token_budget
