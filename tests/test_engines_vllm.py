@@ -32,7 +32,9 @@ from clawgym.artifacts import materialize_prompts
 from clawgym.mismatch import load_policy, token_stats, trainer_logprobs
 from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 
-pytestmark = pytest.mark.slow
+# vLLM's CPU build compiles at start: about a minute on an idle 2-core machine, several times that on
+# a busy one. The servers are waited for by readiness (or their exit), with a deadline far above both.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("CLAWGYM_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -61,7 +63,7 @@ def http(method: str, url: str, body: dict | None = None, timeout: float = 120) 
         return json.loads(resp.read() or b"{}")
 
 
-def wait_for(proc: subprocess.Popen, log: Path, ready, what: str, timeout: float = 420):
+def wait_for(proc: subprocess.Popen, log: Path, ready, what: str, timeout: float = 1200):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
