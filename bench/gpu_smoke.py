@@ -172,7 +172,7 @@ async def _engine(args) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from clawgym.engines.base import EngineConfig, Sampling, make_engine
+    from clawgym.engines import EngineConfig, Sampling, make_engine
     from clawgym.mismatch import token_stats, trainer_logprobs
 
     options = {"max_model_len": 4096} if args.engine == "vllm" else {}
