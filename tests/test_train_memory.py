@@ -69,7 +69,7 @@ def test_bf16_keeps_bf16_weights_and_fp32_optimizer_state_and_checkpointing_chan
     plain, ckpointed = run("plain"), run("ckpt", activation_checkpointing=True)
     for k in plain:
         torch.testing.assert_close(plain[k], ckpointed[k], atol=1e-6, rtol=0)
-    assert "memory per process (fp32" in capfd.readouterr().out
+    assert "memory per process (fp32" in capfd.readouterr().err
     half = run("bf16", precision="bf16")
     start = load_file(tiny_model / "model.safetensors")
     assert all(v.dtype == torch.bfloat16 for v in half.values())

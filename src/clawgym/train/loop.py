@@ -226,8 +226,6 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     self_test(lm, attention)
     if cfg.activation_checkpointing:
         enable_activation_checkpointing(lm)
-    if dist.main:
-        print(memory.estimate_line(memory.shape_of(model_config), cfg, dist.world))
     adapter = None
     if cfg.lora_rank:
         adapter = lora.add_adapter(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
@@ -278,6 +276,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
         console.print(f"train {cfg.algo}: {len(trees)}/{len(by_rollout)} rollouts, {T_total} trainable tokens, "
                       f"{sum(t.n_tokens for t in trees)} packed tokens for {sum(t.path_tokens for t in trees)} on paths, "
                       f"{n_zero_var_groups}/{len(groups)} zero-variance groups, {dist.world} process(es)", highlight=False)
+        console.print(memory.estimate_line(memory.shape_of(model_config), cfg, dist.world), highlight=False)
 
     # 5) logp_old (and logp_ref, V_old) from the same packed forward before any update.
     budget = cfg.token_budget
