@@ -286,14 +286,15 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
         return padded_plan(rows, owner, dist.rank, dist.world,
                            lambda mine: trie.plan(trees, mine, budget, cfg.share_prefixes))
 
+    whole = plan(all_rows)  # merged once; every whole-batch pass below reuses it
     if resuming:
         batch = ckpt.load_batch_state(out)
     else:
-        batch = {"logp_old": _score_all(policy, trees, plan(all_rows), filler, attention, accelerator, dist)}
+        batch = {"logp_old": _score_all(policy, trees, whole, filler, attention, accelerator, dist)}
         if cfg.kl_coef > 0:
             # The reference model is not wrapped (it takes no gradient), so its calls need not match across ranks.
             ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32)).to(dev)
-            batch["logp_ref"] = _score_all(ref, trees, plan(all_rows), filler, attention, accelerator, dist)
+            batch["logp_ref"] = _score_all(ref, trees, whole, filler, attention, accelerator, dist)
             del ref
     logp_old, logp_ref = batch["logp_old"], batch.get("logp_ref")
     logp_rollout = [t.rollout_logprobs[t.trainable] for t in trees]  # trainable tokens only are scored
@@ -309,9 +310,9 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
             if fresh_value:
                 accelerator.unwrap_model(value).start_at(float(sum((batch_w[i] * returns[i]).sum() for i in all_rows)))
             for _ in range(cfg.value_warmup_steps):
-                warmup_losses.append(_value_step(value, value_opt, accelerator, trees, plan(all_rows), filler, returns, cfg,
+                warmup_losses.append(_value_step(value, value_opt, accelerator, trees, whole, filler, returns, cfg,
                                                  attention, dev, batch_w, dist))
-            batch["values"] = _score_all(value, trees, plan(all_rows), filler, attention, accelerator, dist)
+            batch["values"] = _score_all(value, trees, whole, filler, attention, accelerator, dist)
         advantages = [L.ppo_advantages(v, r) for v, r in zip(batch["values"], returns)]
         if cfg.norm_adv:
             flat = L.whiten(torch.cat(advantages), torch.cat([batch_w[i] for i in all_rows]))
@@ -387,7 +388,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
                 policy.zero_grad(set_to_none=True)
             optimizer.zero_grad(set_to_none=True)
             if value is not None:
-                sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, plan(mb_rows), filler, returns, cfg,
+                sums["value_loss"] = _value_step(value, value_opt, accelerator, trees, steps, filler, returns, cfg,
                                                  attention, dev, weights, dist)
                 sums["value_mean"] = float(sum((weights[i] * batch["values"][i]).sum() for i in mb_rows))
             update += 1
