@@ -134,20 +134,82 @@ def test_every_config_field_has_help_and_docs_config_md_is_generated_from_them()
             assert f"| `{f.name}` |" in text
 
 
-def test_clawgym_train_has_one_option_per_train_config_field():
+def _options_match_fields(command: str, configs: dict[str, list[type]], given: list[str], skipped: set[str] = frozenset(),
+                          own_defaults: dict[str, type] | None = None, own_help: set[str] = frozenset()) -> None:
+    """Every field of `configs` (but `skipped`) is an option of `command` with the field's help (but
+    `own_help`), and the value the command gets for an option not given is the field's default (or
+    that of the same field of `own_defaults`' config)."""
     from typer.main import get_command
 
     from clawgym.cli import app
+    from clawgym.fields import cli_help, default_of, field_of, help_of, parse_cli
+
+    cmd = get_command(app).commands[command]
+    by_name = {p.name: p for p in cmd.params}
+    parsed = parse_cli(configs[0], cmd.make_context(command, list(given)).params)
+    required = {}
+    for i in range(0, len(given), 2):
+        required[next(p.name for p in cmd.params if given[i] in p.opts)] = given[i + 1]
+    for cls in configs:
+        for f in dataclasses.fields(cls):
+            if f.name in skipped:
+                assert f.name not in by_name, f"{cls.__name__}.{f.name} is skipped yet has an option"
+                continue
+            assert f.name in by_name, f"{cls.__name__}.{f.name} has no option in `clawgym {command}`"
+            source = field_of(own_defaults[f.name], f.name) if f.name in (own_defaults or {}) else f
+            if f.name not in own_help:
+                assert help_of(source) and by_name[f.name].help == cli_help(source), f"{command} --{f.name}: help is not the field's"
+            if f.name in required:
+                continue
+            assert default_of(source) is not dataclasses.MISSING, f"{cls.__name__}.{f.name} is required but not given"
+            assert parsed[f.name] == default_of(source), f"{command} --{f.name}: default is not the field's"
+
+
+def test_clawgym_train_has_one_option_per_train_config_field():
     from clawgym.train.config import TrainConfig
 
-    train = get_command(app).commands["train"]
-    options = {p.name for p in train.params}
-    assert {f.name for f in dataclasses.fields(TrainConfig)} <= options
-    by_name = {p.name: p for p in train.params}
-    for f in dataclasses.fields(TrainConfig):
-        assert by_name[f.name].help == f.metadata["help"] or f.name in ("trees", "rollouts")
-        if f.default is not dataclasses.MISSING:
-            assert by_name[f.name].default == f.default
+    # trees and rollouts are optional on the command line (STEP's by default), with their own help
+    _options_match_fields("train", [TrainConfig], ["--trees", "t", "--rollouts", "r", "--model", "m", "--out", "o"],
+                          own_help={"trees", "rollouts"})
+
+
+ROLLOUT_REQUIRED = ["--tasks", "t", "--out", "o"]
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_clawgym_rollout_and_eval_have_one_option_per_rollout_config_field(command):
+    from clawgym.cli import ROLLOUT_SKIP, EngineShorthands
+    from clawgym.config import EvalSection
+    from clawgym.rollout.config import JudgeChoice, RolloutConfig
+
+    assert ROLLOUT_SKIP == {"verifier"}  # its options are JudgeChoice's
+    _options_match_fields(command, [RolloutConfig, JudgeChoice, EngineShorthands], ROLLOUT_REQUIRED, ROLLOUT_SKIP,
+                          own_defaults={"n": EvalSection} if command == "eval" else None)
+
+
+def test_the_old_rollout_flags_still_give_the_fields_their_values(tmp_path):
+    from typer.main import get_command
+
+    from clawgym.cli import app
+    from clawgym.fields import parse_cli
+    from clawgym.rollout.config import RolloutConfig
+
+    line = [*ROLLOUT_REQUIRED, "--harness", "agentloop, codex", "--timeout", "7", "--proxy", "http://h:1", "--ray", "auto",
+            "--harness-option", "agentloop.max_tokens=8", "--harness-option", 'codex.model="x"', "--chat-template", "chatml-tools"]
+    cmd = get_command(app).commands["rollout"]
+    values = parse_cli(RolloutConfig, cmd.make_context("rollout", line).params)
+    assert values["harnesses"] == ["agentloop", "codex"] and values["timeout_s"] == 7.0 and values["proxy_url"] == "http://h:1"
+    assert values["ray"] == "auto" and values["chat_template"] == "chatml-tools"
+    assert values["harness_options"] == {"agentloop": {"max_tokens": 8}, "codex": {"model": "x"}}
+
+
+def test_a_field_help_with_square_brackets_shows_them_in_help():
+    from typer.testing import CliRunner
+
+    from clawgym.cli import app
+
+    out = CliRunner().invoke(app, ["rollout", "--help"], terminal_width=400, env={"COLUMNS": "400"}).output
+    assert "each task's [agent] timeout_sec" in out and "[rollout.<harness>] tables" in out
 
 
 @pytest.mark.parametrize("key", ["timeout", "timeout_s"])

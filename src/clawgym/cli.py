@@ -10,7 +10,9 @@ as one JSON object on stdout, everything else on stderr (`_result`; docs/recipes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -20,8 +22,10 @@ from rich.console import Console
 from clawgym import __version__
 from clawgym.console import STDERR
 from clawgym.errors import UserError
+from clawgym.config import EvalSection
+from clawgym.fields import cli_parameters, key_values, option, parse_cli
 from clawgym.layout import StepLayout
-from clawgym.fields import cli_parameters
+from clawgym.rollout.config import JudgeChoice, RolloutConfig
 from clawgym.train.config import TrainConfig
 
 app = typer.Typer(
@@ -40,16 +44,18 @@ _CHAT_TEMPLATE_HELP = ("A Jinja chat template, or a shipped one (chatml-tools, s
 JSON_HELP = "Print the result as one JSON object on stdout; tables, progress and the summary line go to stderr."
 
 
-def _with_fields(command: Callable, config: type, optional: dict[str, str]) -> None:
-    """Give `command` (whose signature ends in **options) one option per field of `config`; Typer
-    reads the signature, so the options are the fields' own names, defaults and help."""
+def _with_fields(command: Callable, *configs: type, **how: Any) -> None:
+    """Give `command` (whose signature ends in **options) one option per field of each of `configs`
+    (`how`: cli_parameters' skip, optional, fields_from); Typer reads the signature, so the options
+    are the fields' own names, defaults and help."""
     import inspect
 
     sig = inspect.signature(command)
     fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     arguments = [p for p in fixed if isinstance(p.default, typer.models.ArgumentInfo)]
     rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed if p not in arguments]  # e.g. --json, after the fields
-    command.__signature__ = sig.replace(parameters=arguments + cli_parameters(config, optional=optional) + rest)
+    fields = [p for config in configs for p in cli_parameters(config, **how)]
+    command.__signature__ = sig.replace(parameters=arguments + fields + rest)
 
 
 @contextlib.contextmanager
@@ -160,7 +166,7 @@ def serve_proxy(
     options = {"script": str(script)} if script else {}
     if engine_url:
         options["engine_url"] = engine_url
-    options.update(_key_values(engine_option, "--engine-option"))
+    options.update(key_values(engine_option, "--engine-option"))
     config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
                          api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options,
                          policy_version=policy_version, tool_parser=tool_parser, chat_template=chat_template)
@@ -179,35 +185,7 @@ def serve_proxy(
 # --- collect -----------------------------------------------------------------------------------
 
 
-@app.command("rollout")
-def rollout(
-    tasks: Path = typer.Option(..., help="A task folder or a folder of task folders (native format)."),
-    harness: str = typer.Option("agentloop", help="Harness name(s), comma-separated: agentloop, claude-code, codex, openclaw."),
-    out: Path = typer.Option(..., help="Output folder: rollouts.parquet, calls.parquet, records/, results.jsonl."),
-    n: int = typer.Option(1, help="Samples per task–harness pair (the GRPO group size)."),
-    concurrency: int = typer.Option(4, help="Rollouts running at once."),
-    model: Optional[Path] = typer.Option(None, help="Serve this model with a proxy in this process."),
-    engine: str = typer.Option("hf", help="Engine of the in-process proxy: hf | scripted (| vllm | remote where installed)."),
-    script: Optional[Path] = typer.Option(None, help="Scripted engine: the JSONL file of model texts."),
-    max_context: Optional[int] = typer.Option(None, help="In-process proxy: override the model's context window in tokens "
-                                              "(real harness prompts are 10-40k tokens)."),
-    proxy: Optional[str] = typer.Option(None, help="Use a running proxy at this URL instead of --model."),
-    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="The running proxy's admin token."),
-    records: Optional[Path] = typer.Option(None, help="The folder the running proxy records into."),
-    timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
-    sandbox: str = typer.Option("local", help="local | docker."),
-    network: str = typer.Option("auto", help="Sandbox network: auto | bwrap | unshare | blackhole | host."),
-    judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
-    judge_model: str = typer.Option("judge", help="The judge's model name."),
-    step: int = typer.Option(0, help="Step number recorded on each rollout."),
-    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each rollout as a Ray task on this cluster: auto, local, HOST:6379 or ray://HOST:10001 (docs/scale.md)."),
-    proxy_host: str = typer.Option("127.0.0.1", help="Where the in-process proxy (--model) listens; 0.0.0.0 lets the nodes of a Ray cluster reach it."),
-    tool_parser: str = typer.Option("auto", help="In-process proxy: tool-call parser, auto (from the chat template), hermes, json-list, llama3-json."),
-    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable, as a recipe's [rollout.HARNESS] "
-                                             "(e.g. agentloop.max_tokens=1024, agentloop.temperature=0.7; docs/harnesses.md); VALUE is JSON when it parses."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
-) -> None:
+def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
     Rerunning into the same --out resumes: finished rollouts are kept, unfinished ones run again.
@@ -216,28 +194,51 @@ def rollout(
 
     Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8000 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
-    from clawgym.rollout.runner import RolloutConfig, run_rollouts
-    from clawgym.rollout.verifier import VerifierConfig
+    from clawgym.rollout.runner import run_rollouts
 
-    options = {"script": str(script)} if script else {}
-    if max_context:
-        options["max_context"] = max_context
-    if proxy and tool_parser != "auto":
-        raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
-    if chat_template and proxy:
-        raise UserError("--chat-template applies to the proxy this command starts (--model); give it to `clawgym serve-proxy` instead")
-    verifier = VerifierConfig.with_judge(judge_url, judge_model)
-    cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, engine_options=options, chat_template=chat_template, proxy_url=proxy,
-                        admin_token=admin_token, records=records, timeout_s=timeout, sandbox=sandbox, network=network,
-                        step=step, verifier=verifier, ray=ray, proxy_host=proxy_host, tool_parser=tool_parser,
-                        harness_options=_harness_options(harness_option))
+    cfg = _rollout_config(options)
     with _result(json_out) as report:
         summary = run_rollouts(cfg, err)
         mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
         status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
-        report(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {out}",
+        report(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {cfg.out}",
                summary.to_json())
+
+
+@dataclass
+class EngineShorthands:
+    """Two engine options `clawgym rollout` and `clawgym eval` also take by name (the rest: --engine-option KEY=VALUE)."""
+
+    script: Path | None = option(None, "scripted engine: the JSONL file of model texts")
+    max_context: int | None = option(None, "the in-process proxy's context window in tokens, overriding the model's "
+                                           "(real harness prompts are 10-40k tokens)")
+
+
+ROLLOUT_SKIP = {"verifier"}
+"""RolloutConfig fields the rollout and eval commands fill from other options: the verifier from JudgeChoice's"""
+
+
+def _rollout_config(options: dict[str, Any]) -> RolloutConfig:
+    """The RolloutConfig of a `clawgym rollout` or `clawgym eval` command line."""
+    values = parse_cli(RolloutConfig, options)
+    judge = JudgeChoice(**{f.name: values.pop(f.name) for f in dataclasses.fields(JudgeChoice)})
+    shorthands = EngineShorthands(**{f.name: values.pop(f.name) for f in dataclasses.fields(EngineShorthands)})
+    if shorthands.script:
+        values["engine_options"]["script"] = str(shorthands.script)
+    if shorthands.max_context:
+        values["engine_options"]["max_context"] = shorthands.max_context
+    if values["proxy_url"] and values["tool_parser"] != "auto":
+        raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
+    if values["chat_template"] and values["proxy_url"]:
+        raise UserError("--chat-template applies to the proxy this command starts (--model); give it to `clawgym serve-proxy` instead")
+    return RolloutConfig(**values, verifier=judge.verifier())
+
+
+# `clawgym rollout`'s and `clawgym eval`'s options are RolloutConfig's fields (clawgym.fields), with
+# the judge's and two engine shorthands: one default and help for each, shared with the recipe's
+# [rollout] section and docs/config.md. eval's --n defaults to the recipe's [eval] n.
+_with_fields(rollout, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP)
+app.command("rollout")(rollout)
 
 
 # --- reconstruct -------------------------------------------------------------------------------
@@ -357,43 +358,29 @@ def run(
         typer.echo(f"{len(lines)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
 
 
-@app.command("eval")
-def eval_(
-    tasks: Path = typer.Option(..., help="A folder of task folders."),
-    harness: str = typer.Option("agentloop", help="Harness name(s), comma-separated."),
-    model: Path = typer.Option(..., help="The policy checkpoint to evaluate (HF directory)."),
-    n: int = typer.Option(4, help="Samples per task: Pass@1 is their mean score."),
-    out: Path = typer.Option(..., help="Output folder: eval.md, eval.json and the rollouts."),
-    engine: str = typer.Option("hf", help="Engine of the in-process proxy."),
-    concurrency: int = typer.Option(4, help="Rollouts running at once."),
-    timeout: Optional[float] = typer.Option(None, help="Wall-clock seconds per rollout (default: each task's own)."),
-    judge_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the rubric judge (none: code score only)."),
-    judge_model: str = typer.Option("judge", help="The judge's model name."),
-    tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json."),
-    harness_option: list[str] = typer.Option([], help="HARNESS.KEY=VALUE harness adapter option, repeatable (as for rollout)."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
-) -> None:
+def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
+
+    The rollouts run as `clawgym rollout` runs them, with the same options; only --n's default differs.
 
     Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/quickstart/checkpoints/step-0012 --n 4 --out runs/eval
     """
     from clawgym.eval import evaluate
-    from clawgym.rollout.runner import RolloutConfig
-    from clawgym.rollout.verifier import VerifierConfig
 
-    verifier = VerifierConfig.with_judge(judge_url, judge_model)
-    cfg = RolloutConfig(tasks=tasks, harnesses=_names(harness), out=out, n=n,
-                        concurrency=concurrency, model=model, engine=engine, timeout_s=timeout, verifier=verifier,
-                        tool_parser=tool_parser, chat_template=chat_template, harness_options=_harness_options(harness_option))
+    cfg = _rollout_config(options)
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
         scores.print(Console())
-        if verifier.judge is None:
+        if cfg.verifier.judge is None:
             typer.echo("no judge configured: code scores only")
-        report(f"Pass@1 {100 * scores.overall:.1f}%; wrote {StepLayout(out).eval_md} and {StepLayout(out).eval_json}",
-               {"out": out.resolve(), "eval_json": StepLayout(out).eval_json.resolve(), "pass@1": scores.overall,
-                "per_category": scores.per_category(), "excluded": scores.excluded, "judge": verifier.judge is not None})
+        out = StepLayout(cfg.out)
+        report(f"Pass@1 {100 * scores.overall:.1f}%; wrote {out.eval_md} and {out.eval_json}",
+               {"out": cfg.out.resolve(), "eval_json": out.eval_json.resolve(), "pass@1": scores.overall,
+                "per_category": scores.per_category(), "excluded": scores.excluded, "judge": cfg.verifier.judge is not None})
+
+
+_with_fields(eval_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP, fields_from={"n": EvalSection})
+app.command("eval")(eval_)
 
 
 # --- engines -----------------------------------------------------------------------------------
@@ -558,42 +545,6 @@ def harness_list() -> None:
         h = make()
         table.add_row(name, h.protocol, h.missing() or "ready")
     Console().print(table)
-
-
-def _names(csv: str) -> list[str]:
-    """A comma-separated option as a list, blanks dropped."""
-    return [h.strip() for h in csv.split(",") if h.strip()]
-
-
-def _key_values(items: list[str], flag: str) -> dict[str, Any]:
-    """Repeated KEY=VALUE options as a dict; VALUE is JSON when it parses (8, true, 0.5), else a string."""
-    import json
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UserError(f"{flag} expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
-def _harness_options(items: list[str]) -> dict[str, dict[str, Any]]:
-    """--harness-option HARNESS.KEY=VALUE items as {harness: {key: value}}, like a recipe's [rollout.HARNESS]."""
-    from clawgym.rollout.harnesses import HARNESSES
-
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in _key_values(items, "--harness-option").items():
-        harness, dot, name = key.partition(".")
-        if not dot or not harness or not name:
-            raise UserError(f"--harness-option expects HARNESS.KEY=VALUE (e.g. agentloop.max_tokens=8), got {key!r}")
-        if harness not in HARNESSES:
-            raise UserError(f"--harness-option {key}: unknown harness '{harness}'; choose from: {', '.join(HARNESSES)}")
-        out.setdefault(harness, {})[name] = value
-    return out
 
 
 class _Terminated(KeyboardInterrupt):

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.errors import UserError
-from clawgym.fields import help_of, option, reference
-from clawgym.rollout.config import HARNESS_NAMES, RolloutConfig
+from clawgym.fields import default_of, help_of, option, reference
+from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
 from clawgym.templates import SHIPPED, load_chat_template
 from clawgym.train.config import TrainConfig
 
@@ -60,7 +60,7 @@ class EngineSection:
 
 
 # [rollout]: RolloutConfig's own fields (names, types, help), with the recipe's defaults; the loop
-# fills the rest (out, step, the engine's and Ray's from their sections). Two keys build the verifier.
+# fills the rest (out, step, the engine's and Ray's from their sections). JudgeChoice's two keys build the verifier.
 ROLLOUT_KEYS = {"tasks": None, "harnesses": ["agentloop"], "n": 8, "concurrency": 8, "timeout_s": None, "sandbox": "local",
                 "network": "auto", "harness_options": {}}
 RENAMED_KEYS = {"rollout": {"timeout": "timeout_s"}}
@@ -77,8 +77,7 @@ def _rollout_field(f: dataclasses.Field) -> tuple[str, Any, Any]:
 
 RolloutSection = dataclasses.make_dataclass("RolloutSection", [
     *(_rollout_field(f) for f in dataclasses.fields(RolloutConfig) if f.name in ROLLOUT_KEYS),
-    ("judge_url", "str | None", option(None, "an OpenAI-compatible rubric judge; without one, code scores only")),
-    ("judge_model", "str", option("judge", "the model name the judge is asked for")),
+    *((f.name, f.type, option(default_of(f), help_of(f))) for f in dataclasses.fields(JudgeChoice)),
 ])
 RolloutSection.__doc__ = "[rollout]: fields of RolloutConfig (rollout/config.py) with the recipe's defaults, plus the judge."
 RolloutSection.__module__ = __name__
@@ -93,7 +92,7 @@ class TreesSection:
 class EvalSection:
     every: int = option(0, "evaluate the policy every this many steps (0 = never)")
     tasks: Path | None = option(None, "held-out tasks; default: the rollout tasks")
-    n: int = option(4, "rollouts per task and harness")
+    n: int = option(4, "rollouts per task and harness; a task's Pass@1 is the mean score of its rollouts (also `clawgym eval`'s default)")
     harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
 
 
@@ -352,9 +351,13 @@ def reference_markdown() -> str:
                  + reference(TrainConfig, skip=_TRAIN_FILLED))
     parts.append("### `clawgym train` only\n\nThe loop fills these per step; a recipe may not set them.\n\n"
                  + reference(TrainConfig, skip={f.name for f in dataclasses.fields(TrainConfig)} - _TRAIN_FILLED))
-    parts.append("### RolloutConfig (`clawgym rollout`, rollout.config.json)\n\n"
-                 "The rollout stage's whole config; the recipe's [rollout] keys are the ones above, the loop fills the rest.\n\n"
-                 + reference(RolloutConfig))
+    parts.append("### RolloutConfig (`clawgym rollout` and `clawgym eval`, rollout.config.json)\n\n"
+                 "The rollout stage's whole config; the recipe's [rollout] keys are the ones above, the loop fills the rest. "
+                 "Each field is an option of `clawgym rollout` and `clawgym eval` (their --help shows this help); "
+                 "`verifier` is given by the options `--judge-url` and `--judge-model` (the [rollout] keys "
+                 "`judge_url`, `judge_model`); `--script FILE` and `--max-context N` set the engine options `script` and "
+                 "`max_context`; eval's `--n` defaults to [eval] `n`.\n\n"
+                 + reference(RolloutConfig, options=True, no_option={"verifier"}))
     return "\n\n".join(parts) + "\n"
 
 

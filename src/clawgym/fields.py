@@ -6,6 +6,12 @@ A stage config (TrainConfig, RolloutConfig, the recipe sections) declares each f
 of the recipe keys, and `reference` writes the field tables of docs/config.md. So a field added to
 a config appears in all three at once, with one default and one help text.
 
+The metadata may also say how the field is written on the command line when that differs from its
+name and type: `flag` (`--timeout` for `timeout_s`), `envvar`, `metavar`, and a `CliForm` for a
+list or dict field (`COMMA_LIST`: `--harness a,b` for `harnesses`; `KEY_VALUES`: a repeatable
+`--engine-option KEY=VALUE` for `engine_options`). `parse_cli` turns the command's values back
+into the fields' values.
+
 This module imports neither torch nor Typer at import time: loading a recipe stays light.
 """
 
@@ -13,17 +19,64 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import types
 import typing
-from dataclasses import MISSING, Field
+from dataclasses import MISSING, Field, dataclass
 from pathlib import PurePath
 from typing import Any, Callable, Optional
 
+from clawgym.errors import UserError
 
-def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, flag: str | None = None) -> Any:
-    """A dataclass field with its help text; `flag` overrides the CLI flag (e.g. "--resume" for a bool
-    that has no --no- form). Without a default (and no factory) the field is required."""
-    metadata = {"help": help} | ({"flag": flag} if flag else {})
+
+@dataclass(frozen=True)
+class CliForm:
+    """How a field whose type has no command-line form of its own (a list, a dict) is written as an option."""
+
+    kind: Any
+    """the option's type: str, or list[str] for a repeatable option"""
+    parse: Callable[[Any, str], Any]
+    """(the option's value, its flag) -> the field's value; a bad value is a UserError naming the flag"""
+    show: Callable[[Any], Any]
+    """the field's default -> the option's default"""
+    syntax: str
+    """how the value is written, appended to the field's help on the command line"""
+    metavar: str | None = None
+    """how --help names the value (the field's own metavar wins)"""
+
+
+def split_list(text: str, flag: str = "") -> list[str]:
+    """A comma-separated option as a list, blanks dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """Repeated KEY=VALUE options as a dict; VALUE is JSON when it parses (8, true, 0.5), else a string."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+COMMA_LIST = CliForm(str, split_list, ",".join, "comma-separated")
+KEY_VALUES = CliForm(list[str], key_values, lambda d: [f"{k}={json.dumps(v)}" for k, v in d.items()],
+                     "repeatable; VALUE is JSON when it parses", "KEY=VALUE")
+
+
+def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, flag: str | None = None,
+           envvar: str | None = None, metavar: str | None = None, form: CliForm | None = None) -> Any:
+    """A dataclass field with its help text. Without a default (and no factory) the field is required.
+    The rest say how the command line writes it: `flag` overrides the flag (e.g. "--resume" for a bool
+    that has no --no- form, "--timeout" for timeout_s), `envvar` is read when the option is not
+    given, `metavar` names the value in --help, `form` writes a list or dict field."""
+    given = {"flag": flag, "envvar": envvar, "metavar": metavar, "form": form}
+    metadata = {"help": help} | {k: v for k, v in given.items() if v is not None}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -31,6 +84,20 @@ def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any]
 
 def help_of(f: Field) -> str:
     return f.metadata.get("help", "")
+
+
+def cli_help(f: Field) -> str:
+    """The option's help as Typer is given it: the field's, then how a list or dict field's value is
+    written; square brackets escaped where Typer reads Rich markup, so "[agent]" shows as written."""
+    from typer.core import HAS_RICH
+
+    form = f.metadata.get("form")
+    text = f"{help_of(f)}; {form.syntax}" if form else help_of(f)
+    return text.replace("[", "\\[") if HAS_RICH else text
+
+
+def flag_of(f: Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def default_of(f: Field) -> Any:
@@ -48,43 +115,70 @@ def _optional(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def cli_parameters(cls: type, *, skip: set[str] = frozenset(), optional: dict[str, str] | None = None) -> list[inspect.Parameter]:
+def cli_parameters(cls: type, *, skip: set[str] = frozenset(), optional: dict[str, str] | None = None,
+                   fields_from: dict[str, type] | None = None) -> list[inspect.Parameter]:
     """Keyword parameters of a Typer command, one `--field-name` option per field of `cls`.
 
     `skip` leaves fields out (the command fills them); `optional` makes required fields optional on
-    the command line, with the given help (the command derives them when not given). A field
-    without help still gets its option; tests/test_structure.py asks every field for help."""
+    the command line, with the given help (the command derives them when not given); `fields_from`
+    takes a field's help and default from the same-named field of another config (`clawgym eval`'s
+    --n is the [eval] section's n). A field without help still gets its option;
+    tests/test_structure.py asks every field for help."""
     import typer
 
-    optional = optional or {}
+    optional, fields_from = optional or {}, fields_from or {}
     hints = typing.get_type_hints(cls)
     params = []
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         kind, _ = _optional(hints[f.name])
-        default = default_of(f)
-        help_text = optional.get(f.name, help_of(f))
-        if f.name in optional:
-            default = None
-        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        source = field_of(fields_from[f.name], f.name) if f.name in fields_from else f
+        default = None if f.name in optional else default_of(source)
+        help_text = optional.get(f.name, cli_help(source))
+        form: CliForm | None = f.metadata.get("form")
+        if form is not None:
+            kind, default = form.kind, default if default in (MISSING, None) else form.show(default)
+        flag = flag_of(f)
         if kind is bool and "/" not in flag and default is True:
             flag = f"{flag}/--no-{flag[2:]}"
-        if kind not in (str, int, float, bool, typing.Any) and not (isinstance(kind, type) and issubclass(kind, PurePath)):
-            raise TypeError(f"{cls.__name__}.{f.name}: type {kind} has no command-line form; skip it")
-        opt = typer.Option(... if default is MISSING else default, flag, help=help_text, show_default=default not in (MISSING, None))
+        if kind not in (str, int, float, bool, typing.Any, list[str]) and not (isinstance(kind, type) and issubclass(kind, PurePath)):
+            raise TypeError(f"{cls.__name__}.{f.name}: type {kind} has no command-line form; give it a CliForm or skip it")
+        metavar = f.metadata.get("metavar") or (form.metavar if form else None)
+        opt = typer.Option(... if default is MISSING else default, flag, help=help_text, envvar=f.metadata.get("envvar"),
+                           metavar=metavar, show_default=default not in (MISSING, None, []))
         annotation = Optional[kind] if default is None else kind
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation))
     return params
 
 
-def reference(cls: type, *, skip: set[str] = frozenset(), rename: Callable[[str], str] = lambda n: n) -> str:
-    """A Markdown table of the fields of `cls`: key, default, meaning (docs/config.md)."""
+def parse_cli(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """A command's option values with each of `cls`'s list and dict fields turned from its
+    command-line form into the field's value; other keys pass unchanged."""
+    out = dict(values)
+    for f in dataclasses.fields(cls):
+        form = f.metadata.get("form")
+        if form is not None and out.get(f.name) is not None:
+            out[f.name] = form.parse(out[f.name], flag_of(f))
+    return out
+
+
+def field_of(cls: type, name: str) -> Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def reference(cls: type, *, skip: set[str] = frozenset(), rename: Callable[[str], str] = lambda n: n,
+              options: bool = False, no_option: set[str] = frozenset()) -> str:
+    """A Markdown table of the fields of `cls`: key, default, meaning (docs/config.md); with `options`,
+    also each field's command-line option ("-" for those in `no_option`)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
+    if options:
+        rows = ["| key | option | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         default = default_of(f)
         shown = "required" if default is MISSING else "none" if default is None else f"`{default!r}`".replace("PosixPath", "Path")
-        rows.append(f"| `{rename(f.name)}` | {shown} | {help_of(f).replace('|', '/')} |")
+        option_cell = "" if not options else " - |" if f.name in no_option else f" `{flag_of(f)}` |"
+        rows.append(f"| `{rename(f.name)}` |{option_cell} {shown} | {help_of(f).replace('|', '/')} |")
     return "\n".join(rows)

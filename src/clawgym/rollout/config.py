@@ -1,18 +1,21 @@
 """The rollout stage's configs: `RolloutConfig`, `VerifierConfig`, `JudgeConfig`, and the harness names.
 
-Each `RolloutConfig` field carries its default and help (`clawgym.fields`); the recipe's [rollout]
-section is made from these fields (config.py) and docs/config.md lists them. This module imports
+Each `RolloutConfig` field carries its default and help (`clawgym.fields`); `clawgym rollout`'s and
+`clawgym eval`'s options and the recipe's [rollout] section are made from these fields (cli.py,
+config.py), with `JudgeChoice`'s two for the judge, and docs/config.md lists them. This module imports
 neither torch nor the harness adapters, so a recipe loads without them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clawgym.fields import option
+from clawgym.errors import UserError
+from clawgym.fields import COMMA_LIST, KEY_VALUES, CliForm, key_values, option
 
 HARNESS_NAMES = ("agentloop", "claude-code", "codex", "openclaw")
 """the keys of `rollout.harnesses.HARNESSES` (a test keeps them equal), for checking a recipe without importing the adapters"""
@@ -50,35 +53,75 @@ class VerifierConfig:
         return cls(judge=JudgeConfig(base_url=judge_url, model=judge_model) if judge_url else None)
 
 
-@dataclass
-class RolloutConfig:
-    """Everything one `clawgym rollout` call needs; saved as rollout.config.json beside the output."""
+def harness_options(items: list[str], flag: str) -> dict[str, dict[str, Any]]:
+    """Repeated HARNESS.KEY=VALUE options as {harness: {key: value}}, like a recipe's [rollout.HARNESS] tables."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in key_values(items, flag).items():
+        harness, dot, name = key.partition(".")
+        if not dot or not harness or not name:
+            raise UserError(f"{flag} expects HARNESS.KEY=VALUE (e.g. agentloop.max_tokens=8), got {key!r}")
+        if harness not in HARNESS_NAMES:
+            raise UserError(f"{flag} {key}: unknown harness '{harness}'; choose from: {', '.join(HARNESS_NAMES)}")
+        out.setdefault(harness, {})[name] = value
+    return out
 
-    tasks: Path = option(help="a folder of task folders (docs/tasks.md)")
-    harnesses: list[str] = option(help=f"the harnesses to run each task with: {', '.join(HARNESS_NAMES)}")
-    out: Path = option(help="the folder the rollouts' tables are written to")
+
+HARNESS_OPTIONS = CliForm(list[str], harness_options,
+                          lambda d: [f"{h}.{k}={json.dumps(v)}" for h, kv in d.items() for k, v in kv.items()],
+                          "repeatable, e.g. agentloop.max_tokens=1024; VALUE is JSON when it parses", "HARNESS.KEY=VALUE")
+
+
+@dataclass
+class JudgeChoice:
+    """The rubric judge as a recipe's [rollout] section and the rollout and eval commands name it; `verifier()` is the config it makes."""
+
+    judge_url: str | None = option(None, "an OpenAI-compatible endpoint of the rubric judge, e.g. http://127.0.0.1:8000/v1; "
+                                         "without one, code scores only")
+    judge_model: str = option("judge", "the model name the judge is asked for")
+
+    def verifier(self) -> VerifierConfig:
+        return VerifierConfig.with_judge(self.judge_url, self.judge_model)
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """Everything one `clawgym rollout` call needs; saved as rollout.config.json beside the output.
+
+    The fields are `clawgym rollout`'s and `clawgym eval`'s options too (cli.py): `flag` names an
+    option whose flag is not the field's name, `form` writes a list or dict on the command line."""
+
+    tasks: Path = option(help="a task folder or a folder of task folders (docs/tasks.md)")
+    harnesses: list[str] = option(help=f"the harnesses to run each task with: {', '.join(HARNESS_NAMES)}",
+                                  factory=lambda: ["agentloop"], flag="--harness", metavar="NAME[,NAME]", form=COMMA_LIST)
+    out: Path = option(help="the output folder: rollouts.parquet, calls.parquet, records/, results.jsonl (docs/architecture.md)")
     n: int = option(1, "rollouts per task and harness (the GRPO group size)")
     concurrency: int = option(4, "rollouts running at once")
-    model: Path | None = option(None, "start a proxy in process serving this model (else use `proxy_url`)")
-    engine: str = option("hf", "the in-process proxy's engine (docs/engines.md)")
-    engine_options: dict[str, Any] = option(help="the engine's options", factory=dict)
-    chat_template: str | None = option(None, "the in-process proxy renders with this Jinja file or shipped template instead of the model's")
-    proxy_url: str | None = option(None, "a running proxy to use instead of starting one")
-    admin_token: str | None = option(None, "that proxy's admin token")
-    records: Path | None = option(None, "where an external proxy writes its records (it must be on this machine's filesystem)")
-    timeout_s: float | None = option(None, "wall-clock seconds per rollout; default: each task's [agent] timeout_sec")
+    model: Path | None = option(None, "start a proxy in this process serving this model (HF directory); else use a running proxy")
+    engine: str = option("hf", "the in-process proxy's engine: hf | scripted | teacher | vllm | remote (docs/engines.md)")
+    engine_options: dict[str, Any] = option(help="the in-process proxy engine's options (docs/engines.md)", factory=dict,
+                                            flag="--engine-option", form=KEY_VALUES)
+    chat_template: str | None = option(None, "the in-process proxy's chat template: a Jinja file or a shipped one (chatml-tools, "
+                                             "smollm2-tools) replacing the model's own, for a model whose template does not render "
+                                             "tools, tool calls and tool results", metavar="FILE")
+    proxy_url: str | None = option(None, "the URL of a running proxy to use instead of starting one", flag="--proxy")
+    admin_token: str | None = option(None, "that proxy's admin token", envvar="CLAWGYM_ADMIN_TOKEN")
+    records: Path | None = option(None, "the folder that proxy records into (it must be on this machine's filesystem)")
+    timeout_s: float | None = option(None, "wall-clock seconds per rollout; default: each task's [agent] timeout_sec", flag="--timeout")
     sandbox: str = option("local", "local | docker (docs/architecture.md)")
     network: str = option("auto", "the sandbox's network: auto | bwrap | unshare | blackhole | host (docs/architecture.md)")
-    step: int = option(0, "the loop step the rollouts belong to")
-    policy_version: int = option(0, "the policy version the in-process proxy serves")
-    settle_timeout_s: float = option(30.0, "seconds to wait for the proxy to settle a finished rollout's records")
-    harness_options: dict[str, dict[str, Any]] = option(help='constructor arguments per harness name, e.g. {"agentloop": {"max_turns": 4}}',
-                                                        factory=dict)
+    step: int = option(0, "the loop step the rollouts belong to, recorded on each")
+    policy_version: int = option(0, "the policy version the in-process proxy serves, recorded on each call")
+    settle_timeout_s: float = option(30.0, "seconds to wait for the proxy to settle a finished rollout's records", flag="--settle-timeout")
+    harness_options: dict[str, dict[str, Any]] = option(help="harness adapter options per harness name, as a recipe's "
+                                                             "[rollout.<harness>] tables (docs/harnesses.md)",
+                                                        factory=dict, flag="--harness-option", form=HARNESS_OPTIONS)
     verifier: VerifierConfig = option(help="how rollouts are scored: code checks, and the rubric judge when one is given",
                                       factory=VerifierConfig)
     id_prefix: str = option("", "prefix of every rollout id (default: s<step>. for a loop step, none otherwise)")
-    task_filter: list[str] = option(help="only these task ids (default: all)", factory=list)
-    ray: str | None = option(None, "run each rollout as a Ray task on this cluster: 'auto', 'local', HOST:PORT or ray://HOST:PORT (distributed.py)")
+    task_filter: list[str] = option(help="only these task ids (default: all)", factory=list, metavar="ID[,ID]", form=COMMA_LIST)
+    ray: str | None = option(None, "run each rollout as a Ray task on this cluster: auto, local, HOST:PORT or ray://HOST:PORT "
+                                   "(docs/scale.md)", metavar="ADDRESS")
     ray_num_cpus: float = option(1.0, "CPUs each rollout task asks Ray for")
-    proxy_host: str = option("127.0.0.1", "where the in-process proxy (`model`) listens; 0.0.0.0 lets other nodes of a Ray cluster reach it")
-    tool_parser: str = option("auto", "the in-process proxy's tool-call parser (a name in clawgym.proxy.toolparse.PARSERS, or auto)")
+    proxy_host: str = option("127.0.0.1", "where the in-process proxy listens; 0.0.0.0 lets the nodes of a Ray cluster reach it")
+    tool_parser: str = option("auto", "the in-process proxy's tool-call parser: auto (from the chat template), or a name in "
+                                      "clawgym.proxy.toolparse.PARSERS (docs/engines.md)")
