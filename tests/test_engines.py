@@ -190,3 +190,29 @@ def test_hf_without_late_admission_waits_for_the_batch(tiny_model):
     first_done, second = run(go())
     assert first_done and len(second.output_ids) == 2
     run(engine.close())
+
+
+def test_hf_stops_a_cancelled_request_and_close_abandons_what_runs(tiny_model):
+    """A caller that goes away (a harness killed on timeout) stops its row's decoding; close() ends the
+    worker at once, failing what still runs, so no torch work outlives the engine."""
+    engine = HFEngine(tiny_model, max_batch=8)
+    long = Sampling(max_tokens=100_000, temperature=1.0, seed=1)
+
+    async def go():
+        job = asyncio.ensure_future(engine.generate([7, 8, 9], long))
+        while engine.decode_steps < 3:
+            await asyncio.sleep(0.005)
+        job.cancel()
+        short = await engine.generate([4, 5], Sampling(max_tokens=2, temperature=0.0))
+        steps = engine.decode_steps
+        await asyncio.sleep(0.3)
+        assert engine.decode_steps == steps  # nothing decodes for the cancelled request any more
+        running = asyncio.ensure_future(engine.generate([7, 8, 9], long))
+        while engine.decode_steps < steps + 3:
+            await asyncio.sleep(0.005)
+        await engine.close()
+        with pytest.raises(EngineError, match="shut down"):
+            await running
+        return short
+
+    assert len(run(go()).output_ids) == 2

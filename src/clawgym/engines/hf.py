@@ -214,6 +214,15 @@ class HFEngine:
                     waiting.append(self._jobs.get_nowait())
                 except queue.Empty:
                     break
+            if self._stopped:
+                # Closing: what still runs is abandoned, so no torch work outlives the engine (a daemon
+                # thread inside torch at interpreter exit aborts the process).
+                for job in [r.job for r in batch.rows if not r.finish] if batch else []:
+                    _resolve(job, error=EngineError("the hf engine is shut down"))
+                for job in waiting:
+                    if job is not None:
+                        _resolve(job, error=EngineError("the hf engine is shut down"))
+                return
             if batch is None:
                 while waiting and isinstance(waiting[0], _Reload):
                     self._reload(waiting.popleft())
@@ -291,6 +300,9 @@ class HFEngine:
         version = self.policy_version
         for i, r in enumerate(batch.rows):
             if r.finish:  # a finished row of a cache that cannot be cut rides along until the batch ends
+                continue
+            if r.job.future.cancelled():  # its caller is gone (a harness killed on timeout): stop generating
+                r.finish = "cancelled"
                 continue
             tok, lp = self._sample(batch.logits[i], r.job.sampling, r.generator)
             r.ids.append(tok)
