@@ -1,0 +1,112 @@
+"""Benchmark what every rollout pays before its agent does anything, against baselines in the same run.
+
+1. Sandbox: open a local sandbox (the machine's best network mode, bubblewrap where it works), run
+   `true` in it and close it, vs `true` started as a plain subprocess. Wall time per rollout, and
+   the CPU the runner's own process spends on it.
+2. Harness start: the built-in agentloop process up to its first request (Python start, the
+   agentloop module, the official `openai` SDK imported and its client made) vs a bare
+   `python -c pass`, both run in such a sandbox. CPU seconds of the process itself.
+3. Verifier start: a Python check script's process (`python3 -c pass` as the toy tasks' check.py
+   starts) in the sandbox, for scale.
+
+CPU is counted by a small probe that runs the command and reads its children's rusage: under
+bubblewrap's pid namespace the runner's own rusage never sees the sandboxed processes (their
+namespace's init reaps them), so `/usr/bin/time` around a rollout run undercounts.
+
+    python bench/rollout_start.py              # 8 repeats each
+    python bench/rollout_start.py --repeats 3  # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import clawgym
+from clawgym.rollout.harnesses.agentloop import ENTRY
+from clawgym.rollout.sandbox import SandboxConfig, open_sandbox
+
+PACKAGE_ROOT = str(Path(clawgym.__file__).resolve().parents[1])
+# Runs argv[1:] and prints the CPU seconds (user + sys) it and its children used, as JSON.
+PROBE = ("import json, resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+         "r = resource.getrusage(resource.RUSAGE_CHILDREN); print(json.dumps(r.ru_utime + r.ru_stime))")
+# The agentloop process's start, as ENTRY makes it, stopped before its first request.
+HARNESS_START = ENTRY.split(";")[1].strip() + "; import openai; openai.OpenAI(api_key='k', base_url='http://127.0.0.1:9/v1')"
+
+
+def self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def sandbox_start(repeats: int, network: str) -> tuple[list[float], list[float], str]:
+    """Wall seconds of open + run `true` + close, and the runner's CPU seconds, per repeat."""
+    walls, cpus, mode = [], [], ""
+    for _ in range(repeats):
+        t, c = time.perf_counter(), self_cpu()
+        with open_sandbox("local", None, SandboxConfig(network=network)) as sb:
+            r = sb.run(["true"], timeout=60)
+            mode = sb.network
+        walls.append(time.perf_counter() - t)
+        cpus.append(self_cpu() - c)
+        if not r.ok:
+            sys.exit(f"true failed in the sandbox: {r.stderr()[-500:]}")
+    return walls, cpus, mode
+
+
+def bare_start(repeats: int) -> list[float]:
+    walls = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        walls.append(time.perf_counter() - t)
+    return walls
+
+
+def cpu_in_sandbox(code: str, repeats: int, network: str) -> list[float]:
+    """CPU seconds of `python -c CODE` in a fresh sandbox, per repeat (counted by the probe)."""
+    out = []
+    for _ in range(repeats):
+        with open_sandbox("local", None, SandboxConfig(network=network)) as sb:
+            r = sb.run([sys.executable, "-I", "-S", "-c", PROBE, sys.executable, "-c", code], timeout=120,
+                       env={"PYTHONPATH": PACKAGE_ROOT})
+            if not r.ok:
+                sys.exit(f"the probe failed in the sandbox: {r.stderr()[-500:]}")
+            out.append(json.loads(r.stdout().strip().splitlines()[-1]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--network", default="auto", help="sandbox network mode (default: auto)")
+    args = ap.parse_args()
+    n = args.repeats
+
+    bare = bare_start(n)
+    walls, runner_cpu, mode = sandbox_start(n, args.network)
+    python = cpu_in_sandbox("pass", n, args.network)
+    harness = cpu_in_sandbox(HARNESS_START, n, args.network)
+    import openai  # noqa: E402  (its version, for the record)
+
+    print(f"sandbox network mode: {mode}; openai {openai.__version__}; {n} repeats, medians")
+    print(f"1. sandbox open+run+close: {median(walls) * 1000:.0f} ms wall (runner CPU {median(runner_cpu) * 1000:.0f} ms) "
+          f"vs bare subprocess {median(bare) * 1000:.1f} ms: x{median(walls) / median(bare):.0f}")
+    print(f"2. agentloop start (module + openai SDK + client): {median(harness):.2f} CPU s "
+          f"vs bare python {median(python):.3f} CPU s: x{median(harness) / median(python):.1f}")
+    print(f"3. verifier-like python start: {median(python):.3f} CPU s; the agentloop start is "
+          f"{median(harness) - median(python):.2f} CPU s more per rollout")
+
+
+if __name__ == "__main__":
+    main()
