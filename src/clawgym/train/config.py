@@ -52,6 +52,8 @@ class TrainConfig:
     force: bool = option(False, "Overwrite a complete checkpoint in --out.", flag="--force")
     processes: int = option(1, "Data-parallel ranks: > 1 runs this call under accelerate launch --num_processes N (docs/training.md).")
     accelerate_config: Path | None = option(None, "An accelerate config YAML for those ranks (e.g. FSDP); default: DDP over the local devices.")
+    fsdp: bool = option(False, "Shard weights, gradients and optimizer states across the --processes ranks (accelerate's FSDP2 plugin; docs/training.md).",
+                        flag="--fsdp")
     precision: str = option("fp32", "fp32 | bf16: bf16 weights and gradients, fp32 master weights and AdamW moments (docs/training.md).")
     activation_checkpointing: bool = option(False, "Recompute each decoder layer in the backward instead of storing its activations.",
                                             flag="--activation-checkpointing")
