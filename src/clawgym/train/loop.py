@@ -11,10 +11,10 @@ metrics per update (train.jsonl) → an HF checkpoint per epoch, the last one co
 Paper §2.3, §3.2.3–3.2.4; docs/models.md. The math lives in `losses.py`, the packing in
 `packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
 CUDA runs bf16 autocast with FlexAttention (a mask_mod over node ids, O(L) memory). accelerate places the models and wraps
-them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
+them for `accelerate launch` (DDP, or FSDP2 with `--fsdp`: fsdp.py);
 the trees are sharded across processes by token count and the loss normalization is global
 (distributed.py; docs/training.md), and rank 0 alone writes checkpoints and metrics. `[train]
-processes = N` launches the ranks itself. 1 vs 2 processes is tested on CPU with gloo.
+processes = N` launches the ranks itself. 1 vs 2 processes (DDP and FSDP) is tested on CPU with gloo.
 """
 
 from __future__ import annotations
