@@ -81,6 +81,19 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tupl
     return weights, _to_indices(by_name, _names(model, optimizer)) if by_name else {}
 
 
+def checkpoint_state(policy, optimizer, value, value_opt, bf16: bool) -> dict:
+    """The full state dicts of the sharded models and optimizers, on rank 0, named as save_checkpoint
+    takes them; the policy's weights in bf16 under --precision bf16, as an unsharded run saves them."""
+    weights, opt = full_state(policy, optimizer)
+    # A tied weight (the LM head) comes back as a copy of its own; named once, as HF saves it.
+    own = {n for n, _ in policy.named_parameters()} | {n for n, _ in policy.named_buffers()}
+    out = {"lm_state": {k.removeprefix("lm."): v.to(torch.bfloat16) if bf16 else v for k, v in weights.items() if k in own},
+           "optimizer": opt}
+    if value is not None:
+        out["value_state"], out["value_optimizer"] = full_state(value, value_opt)
+    return out
+
+
 def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Put a full optimizer state (keyed by parameter index, as saved) into the sharded optimizer;
     every rank passes the whole state and keeps its own shard."""

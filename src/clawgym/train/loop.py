@@ -260,7 +260,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
 
     def save(epochs_done: int, updates_done: int, batch: dict) -> None:
         # Under FSDP every rank sends its shards to rank 0 first (a collective).
-        gathered = _gather(policy, optimizer, value, value_opt, bf16=cfg.precision == "bf16") if cfg.fsdp else {}
+        gathered = fsdp.checkpoint_state(policy, optimizer, value, value_opt, bf16=cfg.precision == "bf16") if cfg.fsdp else {}
         # Rank 0 writes; the others wait, so no rank runs ahead of a checkpoint it may resume from.
         if not dist.main:
             dist.barrier()
@@ -454,19 +454,6 @@ def _prepare(accelerator, model, optimizer, saved_optimizer: Path, load: bool = 
     if load and sharded:
         ckpt.load_optimizer(optimizer, saved_optimizer, apply=lambda state: fsdp.load_optimizer(model, optimizer, state))
     return model, optimizer
-
-
-def _gather(policy, optimizer, value, value_opt, bf16: bool) -> dict:
-    """The full state dicts of the sharded models and optimizers, on rank 0, named as save_checkpoint
-    takes them; the policy's weights in bf16 under --precision bf16, as an unsharded run saves them."""
-    weights, opt = fsdp.full_state(policy, optimizer)
-    # A tied weight (the LM head) comes back as a copy of its own; named once, as HF saves it.
-    own = {n for n, _ in policy.named_parameters()} | {n for n, _ in policy.named_buffers()}
-    out = {"lm_state": {k.removeprefix("lm."): v.to(torch.bfloat16) if bf16 else v for k, v in weights.items() if k in own},
-           "optimizer": opt}
-    if value is not None:
-        out["value_state"], out["value_optimizer"] = fsdp.full_state(value, value_opt)
-    return out
 
 
 def _sync_last(accelerator, model, last: bool, sharded: bool):
