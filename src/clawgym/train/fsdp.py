@@ -1,10 +1,10 @@
 """FSDP for `train --fsdp`: parameters, gradients and AdamW states sharded across the ranks.
 
 The models are sharded by accelerate's FSDP plugin (FSDP2, torch's `fully_shard`): one unit per
-decoder layer plus the root (embeddings, final norm, LM head; the value head), each parameter a
-DTensor whose local shard is 1/N of it. A unit's weights are all-gathered for its forward and
-backward and freed again, and each micro-batch's gradients are reduce-scattered into the shards,
-so a rank holds whole weights for one layer at a time only. Every rank has to make the same
+decoder layer and accelerate's units for the rest (embeddings, final norm, LM head; the value
+head), each parameter a DTensor whose local shard is 1/N of it. A layer's weights are all-gathered
+for its forward and backward and freed again, and each micro-batch's gradients are reduce-scattered
+into the shards, so besides its shards a rank holds whole weights only of the units in use. Every rank has to make the same
 forward/backward calls; the padded micro-batch plans of distributed.py already ensure that.
 
 accelerate applies its FSDP plugin only when the ranks are accelerators; on CPU ranks (gloo) it
