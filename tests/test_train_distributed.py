@@ -1,4 +1,4 @@
-"""Data-parallel `train` on CPU with gloo: 2 ranks = 1 rank on uneven shards, a dead rank fails cleanly and resumes."""
+"""Data-parallel and FSDP `train` on CPU with gloo: 2 ranks = 1 rank on uneven shards, a dead rank fails cleanly and resumes."""
 
 from __future__ import annotations
 
@@ -105,11 +105,44 @@ def test_two_processes_update_the_weights_as_one_does(uneven, tiny_model, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_step_fails_the_step_and_resume_completes_it(uneven, tiny_model, tmp_path):
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_fsdp_on_two_processes_shards_the_weights_and_updates_them_as_one_process_does(uneven, tiny_model, tmp_path,
+                                                                                       algo, capsys):
+    kw = dict(algo=algo, value_warmup_steps=1) if algo == "ppo" else dict(algo=algo)
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(_cfg(uneven, tiny_model, one, **kw))
+    train(_cfg(uneven, tiny_model, two, processes=2, fsdp=True, **kw))
+    assert ckpt.load_state(two).complete
+    diff = _max_diff(one / "model.safetensors", two / "model.safetensors")  # same keys: the tied head once
+    moved = _max_diff(tiny_model / "model.safetensors", one / "model.safetensors")
+    line = read_metrics(tmp_path / "two.jsonl")[-1].values
+    held, total = line["train/params_per_rank"], line["train/params"]
+    with capsys.disabled():
+        print(f"\nFSDP {algo}: max |w(1 process) − w(2 FSDP processes)| = {diff:.2e} (update moved up to {moved:.2e}); "
+              f"largest rank holds {held:.0f} of {total:.0f} parameter elements")
+    assert moved > 1e-4 and diff < 1e-5
+    # Each rank holds half of every parameter (rounded up per parameter), not the whole model.
+    assert read_metrics(tmp_path / "one.jsonl")[-1].values["train/params_per_rank"] == total
+    assert total / 2 <= held < total / 2 + 0.01 * total
+    # The checkpoint has the unsharded format: the optimizer state keyed by parameter index, whole tensors.
+    dirs = [""] + (["value"] if algo == "ppo" else [])
+    for d in dirs:
+        a, b = (torch.load(x / d / ckpt.OPTIMIZER_FILE, weights_only=True) for x in (one, two))
+        assert a["param_groups"][0]["params"] == b["param_groups"][0]["params"] and a["state"].keys() == b["state"].keys()
+        for i, st in a["state"].items():
+            for k, v in st.items():
+                assert b["state"][i][k].shape == v.shape and torch.allclose(b["state"][i][k], v, atol=1e-5), (d, i, k)
+    if algo == "ppo":
+        assert _max_diff(one / "value" / "model.safetensors", two / "value" / "model.safetensors") < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_a_rank_killed_mid_step_fails_the_step_and_resume_completes_it(uneven, tiny_model, tmp_path, fsdp):
     whole, part = tmp_path / "whole", tmp_path / "part"
     train(_cfg(uneven, tiny_model, whole))
     spec = tmp_path / "spec.json"
-    write_spec(_cfg(uneven, tiny_model, part), spec)
+    write_spec(_cfg(uneven, tiny_model, part, fsdp=fsdp), spec)
     worker = Path(__file__).parent / "dist_kill_worker.py"
     # Rank 1 dies in its 3rd optimizer step (epoch 2's first update): rank 0 is blocked in a collective.
     proc = subprocess.run(launch_command(2) + [str(worker), str(spec), "1", "3"], capture_output=True, text=True,
@@ -117,7 +150,8 @@ def test_a_rank_killed_mid_step_fails_the_step_and_resume_completes_it(uneven, t
     assert proc.returncode != 0
     state = ckpt.load_state(part)
     assert state is not None and not state.complete and state.epochs_done == 1
-    train(_cfg(uneven, tiny_model, part, processes=2, resume=True))
+    # Under FSDP the resumed ranks each take their shard of the saved (whole) optimizer state.
+    train(_cfg(uneven, tiny_model, part, processes=2, resume=True, fsdp=fsdp))
     assert ckpt.load_state(part).complete
     assert _max_diff(whole / "model.safetensors", part / "model.safetensors") < 1e-5
 
@@ -127,5 +161,9 @@ def test_bad_process_counts_are_one_line_errors(uneven, tiny_model, tmp_path):
         train(_cfg(uneven, tiny_model, tmp_path / "o", processes=0))
     with pytest.raises(UserError, match="--precision must be one of"):
         train(_cfg(uneven, tiny_model, tmp_path / "o", precision="fp8"))
+    with pytest.raises(UserError, match="--fsdp shards across ranks"):
+        train(_cfg(uneven, tiny_model, tmp_path / "o", fsdp=True))
+    with pytest.raises(UserError, match="--fsdp with --lora-rank is not supported"):
+        train(_cfg(uneven, tiny_model, tmp_path / "o", processes=2, fsdp=True, lora_rank=4))
     with pytest.raises(UserError, match="no such file"):
         train(_cfg(uneven, tiny_model, tmp_path / "o", processes=2, accelerate_config=tmp_path / "missing.yaml"))

@@ -55,6 +55,17 @@ def _step(d: Path) -> Path:
     return d
 
 
+def test_the_start_line_divides_weights_grads_and_optimizer_by_the_fsdp_ranks():
+    s = M.QWEN3["8B"]
+    cfg = TrainConfig(trees=Path("t"), rollouts=Path("r"), model=Path("m"), out=Path("o"), precision="bf16")
+    whole, sharded = M.estimate_line(s, cfg, 8), M.estimate_line(s, TrainConfig(**{**cfg.__dict__, "fsdp": True}), 8)
+    assert "8 process(es), unsharded" in whole and "8 process(es), FSDP over 8" in sharded
+    e1 = M.estimate(s, precision="bf16", activation_checkpointing=False)
+    e8 = M.estimate(s, precision="bf16", fsdp=8, activation_checkpointing=False)
+    assert f"optimizer {e1.optimizer / M.GIB:.2f} GiB" in whole and f"optimizer {e8.optimizer / M.GIB:.2f} GiB" in sharded
+    assert e8.optimizer * 8 == pytest.approx(e1.optimizer)
+
+
 @pytest.mark.slow
 def test_bf16_keeps_bf16_weights_and_fp32_optimizer_state_and_checkpointing_changes_nothing(tiny_model, tmp_path, capfd):
     from safetensors.torch import load_file

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -68,19 +68,21 @@ def save_checkpoint(
     *,
     lm: torch.nn.Module,
     tokenizer_dir: Path,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | dict,
     state: TrainerState,
     config: Any,
     value: torch.nn.Module | None = None,
-    value_optimizer: torch.optim.Optimizer | None = None,
+    value_optimizer: torch.optim.Optimizer | dict | None = None,
+    value_state: dict[str, torch.Tensor] | None = None,
     batch_state: dict | None = None,
     lm_state: dict[str, torch.Tensor] | None = None,
     adapter: Any = None,
 ) -> Path:
     """Write a complete checkpoint to `out`, atomically replacing any previous one.
 
-    `lm_state` replaces the LM's own state dict (LoRA: the merged weights); `adapter` is a peft
-    model whose adapter is saved beside them.
+    `lm_state` replaces the LM's own state dict (LoRA: the merged weights; FSDP: the gathered
+    weights), `value_state` the value model's; `adapter` is a peft model whose adapter is saved
+    beside them. An optimizer may be given as its state dict (FSDP: gathered by fsdp.full_state).
     """
     from transformers import AutoTokenizer
 
@@ -94,11 +96,11 @@ def save_checkpoint(
         if lm.generation_config is not None and not (tmp / "generation_config.json").exists():
             lm.generation_config.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        torch.save(_state_dict(optimizer), tmp / OPTIMIZER_FILE)
         if value is not None:
-            value.save(tmp / VALUE_DIR)
+            value.save(tmp / VALUE_DIR, value_state)
             if value_optimizer is not None:
-                torch.save(value_optimizer.state_dict(), tmp / VALUE_DIR / OPTIMIZER_FILE)
+                torch.save(_state_dict(value_optimizer), tmp / VALUE_DIR / OPTIMIZER_FILE)
         if batch_state is not None and not state.complete:
             torch.save(batch_state, tmp / BATCH_FILE)
         write_config(tmp / "train_config.json", config)
@@ -119,6 +121,10 @@ def save_checkpoint(
     return out
 
 
+def _state_dict(optimizer: torch.optim.Optimizer | dict) -> dict:
+    return optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+
+
 def load_state(path: Path) -> TrainerState | None:
     """The TrainerState of a checkpoint directory, or None if it is not one written by `train`."""
     f = Path(path) / STATE_FILE
@@ -131,16 +137,17 @@ def load_state(path: Path) -> TrainerState | None:
         raise UserError(f"{f}: not a clawgym trainer state ({e})") from None
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> bool:
+def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, apply: Callable[[dict], None] | None = None) -> bool:
     """Load optimizer state saved beside a checkpoint if there is one; True if loaded.
 
+    `apply` puts the state into the optimizer (default: its `load_state_dict`; FSDP: fsdp.load_optimizer).
     A state for another parameter layout (a different model) is an error, not silently skipped.
     """
     path = Path(path)
     if not path.exists():
         return False
     try:
-        optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        (apply or optimizer.load_state_dict)(torch.load(path, map_location="cpu", weights_only=True))
     except (ValueError, RuntimeError, KeyError) as e:
         raise UserError(f"{path}: optimizer state does not fit this model ({e})") from None
     return True

@@ -51,7 +51,9 @@ class TrainConfig:
     resume: bool = option(False, "Continue an interrupted call from the epoch checkpoint in --out.", flag="--resume")
     force: bool = option(False, "Overwrite a complete checkpoint in --out.", flag="--force")
     processes: int = option(1, "Data-parallel ranks: > 1 runs this call under accelerate launch --num_processes N (docs/training.md).")
-    accelerate_config: Path | None = option(None, "An accelerate config YAML for those ranks (e.g. FSDP); default: DDP over the local devices.")
+    accelerate_config: Path | None = option(None, "An accelerate config YAML for those ranks; default: DDP over the local devices (--fsdp: sharded).")
+    fsdp: bool = option(False, "Shard weights, gradients and optimizer states across the --processes ranks (accelerate's FSDP2 plugin; docs/training.md).",
+                        flag="--fsdp")
     precision: str = option("fp32", "fp32 | bf16: bf16 weights and gradients, fp32 master weights and AdamW moments (docs/training.md).")
     activation_checkpointing: bool = option(False, "Recompute each decoder layer in the backward instead of storing its activations.",
                                             flag="--activation-checkpointing")

@@ -11,10 +11,10 @@ metrics per update (train.jsonl) → an HF checkpoint per epoch, the last one co
 Paper §2.3, §3.2.3–3.2.4; docs/models.md. The math lives in `losses.py`, the packing in
 `packing.py` and `attention.py`; this file only wires them. CPU runs fp32 with per-segment SDPA;
 CUDA runs bf16 autocast with FlexAttention (a mask_mod over node ids, O(L) memory). accelerate places the models and wraps
-them for `accelerate launch` (DDP or FSDP, e.g. `--use_fsdp --fsdp_sharding_strategy FULL_SHARD`);
+them for `accelerate launch` (DDP, or FSDP2 with `--fsdp`: fsdp.py);
 the trees are sharded across processes by token count and the loss normalization is global
 (distributed.py; docs/training.md), and rank 0 alone writes checkpoints and metrics. `[train]
-processes = N` launches the ranks itself. 1 vs 2 processes is tested on CPU with gloo.
+processes = N` launches the ranks itself. 1 vs 2 processes (DDP and FSDP) is tested on CPU with gloo.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from clawgym.artifacts import JsonlWriter, atomic_write_bytes, MetricsLine, Roll
 from clawgym.errors import UserError
 from clawgym.layout import StepLayout
 from clawgym.train import checkpoint as ckpt
+from clawgym.train import fsdp
 from clawgym.train import lora
 from clawgym.train import memory
 from clawgym.train.precision import MasterWeights, enable_activation_checkpointing
@@ -85,6 +86,10 @@ def _check(cfg: TrainConfig) -> None:
     if cfg.kl_coef > 0 and cfg.ref_model is None:
         raise UserError("--kl-coef > 0 needs --ref-model (the policy to stay close to)")
     lora.check(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    if cfg.fsdp and cfg.processes < 2 and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise UserError("--fsdp shards across ranks: use it with --processes 2 or more")
+    if cfg.fsdp and cfg.lora_rank:
+        raise UserError("--fsdp with --lora-rank is not supported (the adapters are small: train them data-parallel without --fsdp)")
     if not (Path(cfg.model) / "config.json").exists():
         raise UserError(f"{cfg.model}: not a model directory (no config.json)")
 
@@ -150,9 +155,12 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
         lines = read_jsonl(metrics_path).records if metrics_path.exists() else []
         return TrainResult(out, state.updates_done, len(state.rollout_ids), 0, {}, reduce_updates(lines))
     cuda = torch.cuda.is_available()
+    sharding = fsdp.plugin(bf16=cfg.precision == "bf16") if cfg.fsdp else None
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda and cfg.precision == "fp32" else "no",
-                              kwargs_handlers=accelerator_kwargs())
+                              kwargs_handlers=accelerator_kwargs(), fsdp_plugin=sharding)
     dist = Dist(accelerator.process_index, accelerator.num_processes)
+    if sharding is not None:
+        fsdp.enable(accelerator, sharding)
     if dist.main:
         ckpt.recover(out)
     dist.barrier()
@@ -218,9 +226,11 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     attn = implementation(attention)
     # Under LoRA the weights stay those of the start model; a resumed call puts its saved adapter back on them.
     weights = Path(cfg.model) if cfg.lora_rank else src
+    # bf16 keeps bf16 weights and fp32 masters beside them; under FSDP the fp32 shards are the masters.
+    bf16_weights = cfg.precision == "bf16" and not cfg.fsdp
     try:
         lm = AutoModelForCausalLM.from_pretrained(weights, attn_implementation=attn,
-                                                  dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+                                                  dtype=torch.bfloat16 if bf16_weights else torch.float32)
     except (OSError, ValueError) as e:
         raise UserError(f"{weights}: cannot load the policy ({e})") from None
     self_test(lm, attention)
@@ -231,31 +241,37 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
         adapter = lora.add_adapter(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
                                    resume_from=out / lora.ADAPTER_DIR if resuming else None)
     policy = PackedPolicy(lm)
-    master = MasterWeights(lora.trainable(policy)) if cfg.precision == "bf16" else None
+    master = MasterWeights(lora.trainable(policy)) if bf16_weights else None
     optimizer = torch.optim.AdamW(master.masters if master else lora.trainable(policy), lr=cfg.lr, weight_decay=0.0)
-    if resuming or not cfg.lora_rank:  # a fresh adapter has nothing to do with an earlier step's moments
-        ckpt.load_optimizer(optimizer, src / ckpt.OPTIMIZER_FILE)
-    policy, optimizer = accelerator.prepare(policy, optimizer)
+    if sharding is not None:
+        fsdp.wrap_layers(sharding, lm)
+    policy, optimizer = _prepare(accelerator, policy, optimizer, src / ckpt.OPTIMIZER_FILE,
+                                 load=resuming or not cfg.lora_rank)  # a fresh adapter has nothing to do with an earlier step's moments
     value = value_opt = None
     if cfg.algo == "ppo":
         value, fresh_value = load_value_model(src, attn)
         self_test(value.backbone, attention)
         value_opt = torch.optim.AdamW(value.parameters(), lr=cfg.value_lr, weight_decay=0.0)
-        ckpt.load_optimizer(value_opt, src / VALUE_DIR / ckpt.OPTIMIZER_FILE)
-        value, value_opt = accelerator.prepare(value, value_opt)
+        value, value_opt = _prepare(accelerator, value, value_opt, src / VALUE_DIR / ckpt.OPTIMIZER_FILE)
     dev = accelerator.device
+    # Policy parameter elements in all and the most any one rank holds (under FSDP about 1/N of them).
+    n_params = sum(p.numel() for p in policy.parameters())
+    params_per_rank = max(dist.gather_list([fsdp.local_numel(policy)]))
 
     def save(epochs_done: int, updates_done: int, batch: dict) -> None:
+        # Under FSDP every rank sends its shards to rank 0 first (a collective).
+        gathered = fsdp.checkpoint_state(policy, optimizer, value, value_opt, bf16=cfg.precision == "bf16") if cfg.fsdp else {}
         # Rank 0 writes; the others wait, so no rank runs ahead of a checkpoint it may resume from.
         if not dist.main:
             dist.barrier()
             return
         state = ckpt.TrainerState(cfg.algo, cfg.epochs, epochs_done, updates_done, epochs_done == cfg.epochs, chosen)
         lm_ = accelerator.unwrap_model(policy).lm
-        ckpt.save_checkpoint(out, lm=lm_, tokenizer_dir=src, optimizer=optimizer,
+        ckpt.save_checkpoint(out, lm=lm_, tokenizer_dir=src, optimizer=gathered.get("optimizer", optimizer),
                              state=state, config=cfg, value=accelerator.unwrap_model(value) if value is not None else None,
-                             value_optimizer=value_opt, batch_state=batch,
-                             lm_state=lora.merged_state_dict(lm_) if adapter is not None else None, adapter=adapter)
+                             value_optimizer=gathered.get("value_optimizer", value_opt), batch_state=batch,
+                             lm_state=lora.merged_state_dict(lm_) if adapter is not None else gathered.get("lm_state"),
+                             value_state=gathered.get("value_state"), adapter=adapter)
         dist.barrier()
 
     if not trees:
@@ -365,7 +381,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
                 loss = (w * per_tok).sum()
                 # DDP averages gradients over ranks; × world makes the ranks' partial sums add up to the loss.
                 # Gradients are all-reduced once per minibatch, on its last micro-batch.
-                with accelerator.no_sync(policy) if j < len(steps) - 1 else contextlib.nullcontext():
+                with _sync_last(accelerator, policy, j == len(steps) - 1, cfg.fsdp):
                     accelerator.backward(loss * dist.world)
                 if pad:
                     continue
@@ -407,6 +423,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
                 "train/trainable_tokens": float(sum(trees[i].n_trainable for i in mb_rows)),
                 "train/rollouts": float(len(mb_rows)), "train/groups": float(len(groups)),
                 "train/processes": float(dist.world),
+                "train/params": float(n_params), "train/params_per_rank": float(params_per_rank),
                 "train/zero_var_groups": float(n_zero_var_groups),
                 "train/tis_seq_ratio": sum(seq_ratios) / len(seq_ratios),
             })
@@ -425,6 +442,24 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     if writer is not None:
         writer.close()
     return TrainResult(out, update, len(trees), T_total, last, reduce_updates(updates))
+
+
+def _prepare(accelerator, model, optimizer, saved_optimizer: Path, load: bool = True):
+    """accelerate's prepare, with the optimizer state saved at `saved_optimizer` (if any and `load`)
+    loaded: before wrapping, or after it under FSDP, where every rank keeps its shard of the full state."""
+    sharded = accelerator.is_fsdp2
+    if load and not sharded:
+        ckpt.load_optimizer(optimizer, saved_optimizer)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if load and sharded:
+        ckpt.load_optimizer(optimizer, saved_optimizer, apply=lambda state: fsdp.load_optimizer(model, optimizer, state))
+    return model, optimizer
+
+
+def _sync_last(accelerator, model, last: bool, sharded: bool):
+    """Gradients all-reduced on a minibatch's last micro-batch only (DDP); FSDP reduce-scatters every
+    micro-batch into the shards, since skipping that would keep whole unsharded gradients."""
+    return accelerator.no_sync(model) if not last and not sharded else contextlib.nullcontext()
 
 
 def _collated(step, trees: list[PackedTree], filler: int, attention: str):
@@ -446,7 +481,7 @@ def _value_step(value, opt, accelerator, trees, steps, filler, returns, cfg, att
             v = value(mb)
         w = torch.zeros(trees[filler].n_trainable) if pad else _cat(weights, rows)
         loss = (w.to(dev) * L.value_loss(v, _cat(returns, rows).to(dev))).sum()
-        with accelerator.no_sync(value) if k < len(steps) - 1 else contextlib.nullcontext():
+        with _sync_last(accelerator, value, k == len(steps) - 1, cfg.fsdp):
             accelerator.backward(loss * dist.world)
         total += float(loss.detach())
     accelerator.clip_grad_norm_(value.parameters(), cfg.max_grad_norm)

@@ -119,9 +119,11 @@ def estimate(s: Shape, *, precision: str = "bf16", lora_rank: int = 0, fsdp: int
 
 def estimate_line(s: Shape, cfg, world: int) -> str:
     """One line for the start of training: what this run's policy needs per GPU."""
-    e = estimate(s, precision=cfg.precision, lora_rank=cfg.lora_rank, fsdp=1,
+    shards = world if getattr(cfg, "fsdp", False) else 1
+    e = estimate(s, precision=cfg.precision, lora_rank=cfg.lora_rank, fsdp=shards,
                  activation_checkpointing=cfg.activation_checkpointing)
-    return (f"memory per process ({cfg.precision}, {world} process(es), unsharded): {e.params / 1e9:.2f}B params, "
+    sharding = f"FSDP over {shards}" if shards > 1 else "unsharded"
+    return (f"memory per process ({cfg.precision}, {world} process(es), {sharding}): {e.params / 1e9:.2f}B params, "
             f"weights {e.weights / GIB:.2f} GiB, grads {e.grads / GIB:.2f} GiB, optimizer {e.optimizer / GIB:.2f} GiB, "
             f"activations {e.act_per_token / 1024:.1f} KiB/token + {e.head_per_trainable_token / 1024:.0f} KiB/trainable token")
 

@@ -29,6 +29,7 @@ REDUCTIONS: dict[str, str] = {
     "train/tokens_per_s": "mean", "train/tree_token_ratio": "mean", "train/tis_seq_ratio": "mean",
     "train/update": "last", "train/epoch": "last", "train/lr": "last", "train/tokens_saved": "last",
     "train/groups": "last", "train/zero_var_groups": "last", "train/processes": "last",
+    "train/params": "last", "train/params_per_rank": "last",
     "train/value_warmup_loss_first": "last", "train/value_warmup_loss_last": "last",
     "train/tokens_forwarded": "sum",
     "train/trainable_tokens": "batch", "train/rollouts": "batch",

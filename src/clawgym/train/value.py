@@ -53,11 +53,15 @@ class ValueModel(torch.nn.Module):
         self.head.weight.zero_()
         self.head.bias.fill_(mean_return)
 
-    def save(self, path: Path) -> None:
-        """Write the backbone in HF format and the head beside it."""
+    def save(self, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the backbone in HF format and the head beside it; `state` replaces this model's own
+        state dict (FSDP: the weights gathered from the shards)."""
         path.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(path)
-        save_file({k: v.detach().float().cpu().contiguous() for k, v in self.head.state_dict().items()}, path / HEAD_FILE)
+        state = state if state is not None else self.state_dict()
+        part = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
+        self.backbone.save_pretrained(path, state_dict=part)
+        head = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
+        save_file({k: v.detach().float().cpu().contiguous() for k, v in head.items()}, path / HEAD_FILE)
         (path / "value_model.json").write_text(json.dumps({"kind": "clawgym-value-model", "head": HEAD_FILE}) + "\n")
 
 
