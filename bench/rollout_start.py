@@ -4,8 +4,9 @@
    `true` in it and close it, vs `true` started as a plain subprocess. Wall time per rollout, and
    the CPU the runner's own process spends on it.
 2. Harness start: the built-in agentloop process up to its first request (Python start, the
-   agentloop module, the official `openai` SDK imported and its client made) vs a bare
-   `python -c pass`, both run in such a sandbox. CPU seconds of the process itself.
+   agentloop module, its httpx client made) vs a bare `python -c pass`, and vs the same start with
+   the official `openai` SDK's client (what agentloop used before), all run in such a sandbox.
+   CPU seconds of the process itself.
 3. Verifier start: a Python check script's process (`python3 -c pass` as the toy tasks' check.py
    starts) in the sandbox, for scale.
 
@@ -37,7 +38,8 @@ PACKAGE_ROOT = str(Path(clawgym.__file__).resolve().parents[1])
 PROBE = ("import json, resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
          "r = resource.getrusage(resource.RUSAGE_CHILDREN); print(json.dumps(r.ru_utime + r.ru_stime))")
 # The agentloop process's start, as ENTRY makes it, stopped before its first request.
-HARNESS_START = ENTRY.split(";")[1].strip() + "; import openai; openai.OpenAI(api_key='k', base_url='http://127.0.0.1:9/v1')"
+HARNESS_START = ENTRY.split(";")[1].strip() + "; from clawgym.rollout.harnesses.agentloop import ChatClient; ChatClient('http://127.0.0.1:9/v1', 'k', 60)"
+SDK_START = ENTRY.split(";")[1].strip() + "; import openai; openai.OpenAI(api_key='k', base_url='http://127.0.0.1:9/v1')"
 
 
 def self_cpu() -> float:
@@ -97,13 +99,15 @@ def main() -> None:
     walls, runner_cpu, mode = sandbox_start(n, args.network)
     python = cpu_in_sandbox("pass", n, args.network)
     harness = cpu_in_sandbox(HARNESS_START, n, args.network)
+    sdk = cpu_in_sandbox(SDK_START, n, args.network)
     import openai  # noqa: E402  (its version, for the record)
 
     print(f"sandbox network mode: {mode}; openai {openai.__version__}; {n} repeats, medians")
     print(f"1. sandbox open+run+close: {median(walls) * 1000:.0f} ms wall (runner CPU {median(runner_cpu) * 1000:.0f} ms) "
           f"vs bare subprocess {median(bare) * 1000:.1f} ms: x{median(walls) / median(bare):.0f}")
-    print(f"2. agentloop start (module + openai SDK + client): {median(harness):.2f} CPU s "
-          f"vs bare python {median(python):.3f} CPU s: x{median(harness) / median(python):.1f}")
+    print(f"2. agentloop start (module + httpx client): {median(harness):.2f} CPU s "
+          f"vs bare python {median(python):.3f} CPU s: x{median(harness) / median(python):.1f}; "
+          f"with the openai SDK's client instead: {median(sdk):.2f} CPU s (x{median(sdk) / median(harness):.1f} the httpx start)")
     print(f"3. verifier-like python start: {median(python):.3f} CPU s; the agentloop start is "
           f"{median(harness) - median(python):.2f} CPU s more per rollout")
 

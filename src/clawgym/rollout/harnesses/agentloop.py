@@ -1,8 +1,9 @@
 """`agentloop`: the built-in harness — a small ReAct loop over OpenAI Chat Completions (paper §4.6).
 
 It runs as its own process in the sandbox, like any other harness (`python -m
-clawgym.rollout.harnesses.agentloop INSTRUCTION`), talks to the proxy through the official `openai`
-SDK (`OPENAI_BASE_URL`, `OPENAI_API_KEY`), and works in its current directory, the workspace:
+clawgym.rollout.harnesses.agentloop INSTRUCTION`), talks to the proxy over Chat Completions with
+`httpx` (`OPENAI_BASE_URL`, `OPENAI_API_KEY`; retries as the official SDK does), and works in its
+current directory, the workspace:
 
 1. messages = [system, user(instruction)]; tools = bash, read, write, edit, python (or the subset
    given by `--tools`: a shorter prompt for small models);
@@ -14,7 +15,12 @@ SDK (`OPENAI_BASE_URL`, `OPENAI_API_KEY`), and works in its current directory, t
 4. `--max-turns` bounds the loop; `--max-tokens` and `--temperature` go into every call,
    `--tool-timeout` bounds each bash/python tool run, `--request-timeout` each model call.
 
-Exit codes: 0 finished (final answer or turn limit), 4 the model endpoint failed after the SDK's
+It does not import the `openai` SDK: that import alone cost 1.4 CPU s (openai 3.57 builds every
+pydantic type), most of a small rollout, paid again by every rollout's process (docs/harnesses.md,
+"What a rollout costs"). The proxy's compatibility with the official SDKs is tested with the SDKs
+themselves (tests/test_proxy_sdk.py).
+
+Exit codes: 0 finished (final answer or turn limit), 4 the model endpoint failed after the
 retries (the runner marks the rollout infra_error), 5 the prompt no longer fits the model's context
 window (the endpoint's `context_length_exceeded`: the policy's own ending, a scored harness_error),
 2 bad arguments.
@@ -204,9 +210,61 @@ def _log(event: str, **fields) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-def agent_main(argv: list[str] | None = None) -> int:
-    import openai
+class EndpointError(Exception):
+    """The endpoint's answer was an error (after retries); `code` is its `error.code`, if any."""
 
+    def __init__(self, message: str, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+# Retried like the official SDK: connection errors, timeouts and these statuses, with exponential
+# backoff from 0.5 s (at most 8 s), or the server's Retry-After when it is short.
+RETRY_STATUSES = {408, 409, 429} | set(range(500, 600))
+
+
+class ChatClient:
+    """Chat Completions over httpx: `create(**body)` → the response JSON (a dict), or EndpointError."""
+
+    def __init__(self, base_url: str, api_key: str, timeout: float, max_retries: int = 3):
+        import httpx
+
+        self.httpx, self.max_retries = httpx, max_retries
+        # Certificates are loaded only for https (0.1 CPU s a process): the sandbox's relay is plain http.
+        self.client = httpx.Client(base_url=base_url.rstrip("/") + "/", timeout=timeout, verify=base_url.startswith("https:"),
+                                   headers={"Authorization": f"Bearer {api_key}"})
+
+    def create(self, **body) -> dict:
+        import time
+
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                r = self.client.post("chat/completions", json=body)
+            except self.httpx.HTTPError as e:  # connection refused or reset, timeouts
+                if last:
+                    raise EndpointError(f"{type(e).__name__}: {e}") from None
+                time.sleep(min(8.0, 0.5 * 2 ** attempt))
+                continue
+            if r.status_code < 400:
+                return r.json()
+            if r.status_code not in RETRY_STATUSES or last:
+                raise _error_of(r)
+            wait = r.headers.get("retry-after", "")
+            time.sleep(float(wait) if wait.replace(".", "", 1).isdigit() and float(wait) <= 60 else min(8.0, 0.5 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+
+def _error_of(r) -> EndpointError:
+    try:
+        err = r.json().get("error") or {}
+    except ValueError:
+        err = {}
+    err = err if isinstance(err, dict) else {"message": str(err)}
+    return EndpointError(f"Error code: {r.status_code} - {err.get('message') or r.text[:300]}", r.status_code, err.get("code"))
+
+
+def agent_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="agentloop", description="clawgym's built-in ReAct agent over OpenAI Chat Completions.")
     ap.add_argument("instruction")
     ap.add_argument("--model", default=os.environ.get("CLAWGYM_MODEL", "clawgym-policy"))
@@ -221,58 +279,58 @@ def agent_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tools = [t for t in TOOLS if args.tools is None or t["function"]["name"] in args.tools.split(",")]
 
-    client = openai.OpenAI(max_retries=3, timeout=args.request_timeout)  # base URL and key from the environment
+    client = ChatClient(os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1"), os.environ.get("OPENAI_API_KEY", ""),
+                        timeout=args.request_timeout)
 
     def ask(messages: list[dict], **kw):
-        """One model call: the response, or the exit code when the endpoint cannot answer it."""
+        """One model call: the response's message and usage, or the exit code when the endpoint cannot answer it."""
         try:
-            return client.chat.completions.create(model=args.model, messages=messages, max_completion_tokens=args.max_tokens,
-                                                  temperature=args.temperature, **kw)
-        except openai.BadRequestError as e:
-            if e.code == "context_length_exceeded":  # nothing more fits: the run ends here, as the policy left it
-                print(f"context window exceeded: {e.message}", file=sys.stderr)
+            resp = client.create(model=args.model, messages=messages, max_completion_tokens=args.max_tokens,
+                                 temperature=args.temperature, **kw)
+            return resp["choices"][0]["message"], (resp.get("usage") or {}).get("total_tokens") or 0
+        except EndpointError as e:
+            if e.status == 400 and e.code == "context_length_exceeded":  # nothing more fits: the run ends here, as the policy left it
+                print(f"context window exceeded: {e}", file=sys.stderr)
                 return EXIT_CONTEXT_FULL
             print(f"model endpoint failed: {e}", file=sys.stderr)
             return EXIT_ENDPOINT_FAILED
-        except openai.APIError as e:
-            print(f"model endpoint failed: {e}", file=sys.stderr)
+        except (ValueError, LookupError, TypeError, AttributeError) as e:  # not a Chat Completions answer
+            print(f"model endpoint failed: malformed response ({type(e).__name__}: {e})", file=sys.stderr)
             return EXIT_ENDPOINT_FAILED
 
     start = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": args.instruction}]
     messages = list(start)
     final = ""
     for turn in range(args.max_turns):
-        resp = ask(messages, tools=tools)
-        if isinstance(resp, int):
-            return resp
-        msg = resp.choices[0].message
-        calls = msg.tool_calls or []
-        assistant = {"role": "assistant", "content": msg.content or ""}
+        answer = ask(messages, tools=tools)
+        if isinstance(answer, int):
+            return answer
+        msg, used = answer
+        content = msg.get("content") or ""
+        calls = [(c.get("id", ""), c["function"]["name"], c["function"].get("arguments") or "{}") for c in msg.get("tool_calls") or []]
+        assistant = {"role": "assistant", "content": content}
         if calls:
-            assistant["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in calls
-            ]
+            assistant["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]
         messages.append(assistant)
-        _log("turn", turn=turn, text=(msg.content or "")[:200], tools=[c.function.name for c in calls])
+        _log("turn", turn=turn, text=content[:200], tools=[n for _, n, _ in calls])
         if not calls:
-            final = msg.content or ""
+            final = content
             break
-        for c in calls:
+        for call_id, name, arguments in calls:
             try:
-                tool_args = json.loads(c.function.arguments or "{}")
+                tool_args = json.loads(arguments)
                 if not isinstance(tool_args, dict):
                     raise ValueError("arguments must be a JSON object")
-                result = run_tool(c.function.name, tool_args, timeout=args.tool_timeout)
+                result = run_tool(name, tool_args, timeout=args.tool_timeout)
             except ValueError as e:
-                result = f"error: bad arguments for {c.function.name}: {e}"
-            messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
-            _log("tool", name=c.function.name, result=result[:200])
-        used = resp.usage.total_tokens if resp.usage else 0
+                result = f"error: bad arguments for {name}: {e}"
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+            _log("tool", name=name, result=result[:200])
         if used > 0.8 * args.context_window:
             compacted = ask(messages + [{"role": "user", "content": COMPACTION_PROMPT}])
             if isinstance(compacted, int):
                 return compacted
-            summary = compacted.choices[0].message.content or ""
+            summary = compacted[0].get("content") or ""
             messages = start + [{"role": "user", "content": f"Summary of your earlier work:\n{summary}\nContinue the task."}]
             _log("compaction", tokens=used)
     if args.answer_file:
