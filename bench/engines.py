@@ -10,7 +10,7 @@ Each engine is loaded once (load time reported), warmed up, then for each concur
   streaming, so a one-token completion is its first token);
 - throughput: c rollouts each sample --max-tokens tokens from their own --prompt-tokens prompt at
   temperature 1; sampled tokens / wall time.
-Ratios are against the hf engine in the same run (DESIGN §9). With --out, every throughput call is
+Ratios are against the hf engine in the same run. With --out, every throughput call is
 written as a calls.parquet per engine, and the train–inference mismatch of each is printed
 (`clawgym mismatch` on the same files gives the same table).
 """

@@ -9,7 +9,7 @@ dense mask, to show what segment attention saves), all batched by the same token
               weighted 1/paths — the baseline of Tree Training, AReaL and prime-rl
 - per-call:   each trainable call's prompt + output as its own causal sample, scoring the output
 
-Shapes (research/perf.md §5): Claude-Code-like (one long chain, two subagents, two retries, a
+Shapes, as real harness rollouts make them: Claude-Code-like (one long chain, two subagents, two retries, a
 compaction after which the agent continues from system prompt + summary), GRPO-like (one long
 prefix, many answers), branchy (a depth-3 binary tree of turns), and an unbranched chain.
 

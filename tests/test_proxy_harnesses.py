@@ -4,7 +4,7 @@ the first prompt plus its sampled tokens.
 
 The binaries come from `scripts/install-harnesses.sh` (`clawgym harness install`: pinned npm versions); without
 them these tests skip and say how to install. Every harness runs exactly as its adapter launches it
-in a rollout (argv, environment, config files: the quiet settings of research/harnesses.md), with a
+in a rollout (argv, environment, config files: the quiet environment docs/harnesses.md describes), with a
 fresh HOME and an HTTP(S) proxy that refuses everything, so nothing but the proxy on 127.0.0.1 is
 reachable.
 """
