@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,20 @@ def test_loading_a_recipe_imports_neither_torch_nor_the_harness_adapters_nor_the
             "print(sorted(m for m in ('torch', 'transformers', 'clawgym.rollout.harnesses', 'clawgym.train.loop') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(recipe)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# What a comment may not cite: documents that live outside the repository (the design brief, the
+# research notes, the shared folder). What the code relies on is written into docs/ and cited there.
+OUTSIDE_DOCS = re.compile(r"DESIGN(\.md| §)|shared/research|\bresearch/[\w-]+\.md|\.\./shared/(?!tasks/)")
+
+
+def test_no_comment_cites_a_document_outside_the_repository():
+    root = SRC.parent
+    hits = [f"{p.relative_to(root)}:{i}: {line.strip()}"
+            for folder in ("src", "tests", "bench", "recipes", "docs")
+            for p in sorted((root / folder).rglob("*")) if p.suffix in (".py", ".toml", ".sh", ".md") and p != Path(__file__)
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if OUTSIDE_DOCS.search(line)]
+    assert not hits, "\n".join(hits)
 
 
 def test_harness_names_match_the_registry():
