@@ -100,6 +100,17 @@ def exit_text(exit_code: int, detail: str = "") -> str:
     return f"{text}: {detail}" if detail else text
 
 
+def check_option(harness: str, key: str, value, kind, low: float, strict: bool = False) -> None:
+    """An adapter option's type and lower bound, or a UserError naming it (bools are not numbers here).
+    Options come from recipes and --harness-option unchecked: a bad one fails once, before any rollout."""
+    from clawgym.errors import UserError
+
+    ok = isinstance(value, kind) and not isinstance(value, bool) and (value > low if strict else value >= low)
+    if not ok:
+        what = "an integer" if kind is int else "a number"
+        raise UserError(f"{harness} option '{key}' must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
+
+
 def classify_by_tools(tool_names: list[str], main_tool_names: list[str]) -> str:
     """The common rule: no tools → an auxiliary call (titles, summaries of text); tools other than
     the main agent's → a subagent (harnesses give subagents their own tool sets); else main."""

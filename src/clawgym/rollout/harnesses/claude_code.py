@@ -12,7 +12,7 @@ from pathlib import Path
 
 from clawgym.artifacts import Transcript
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text, json_lines
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_option, classify_by_tools, exit_text, json_lines
 from clawgym.rollout.transcript import from_claude_stream, proxy_or
 
 VERSION = "2.1.197"
@@ -30,8 +30,14 @@ class ClaudeCode(npm.NpmHarness):
     protocol = "anthropic"
     package, bin_name, title = PACKAGE, "claude", f"Claude Code {VERSION}"
 
-    def __init__(self, max_turns: int = 20, bare: bool = True, tools: str = "Bash,Read,Write,Edit,Glob,Grep"):
-        self.max_turns, self.bare, self.tools = max_turns, bare, tools
+    def __init__(self, max_turns: int = 20, bare: bool = True, tools: str = "Bash,Read,Write,Edit,Glob,Grep",
+                 max_tokens: int | None = None, request_timeout: float = 1800.0):
+        check_option(self.name, "max_turns", max_turns, int, 1)
+        if max_tokens is not None:
+            check_option(self.name, "max_tokens", max_tokens, int, 1)
+        check_option(self.name, "request_timeout", request_timeout, (int, float), 0, strict=True)
+        self.max_turns, self.bare, self.tools, self.max_tokens = max_turns, bare, tools, max_tokens
+        self.request_timeout = float(request_timeout)
 
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
@@ -53,7 +59,16 @@ class ClaudeCode(npm.NpmHarness):
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
             "DISABLE_ERROR_REPORTING": "1", "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
             "IS_SANDBOX": "1", "TERM": "dumb", "SHELL": "/bin/bash",
+            # The proxy sends a turn once it is generated, with pings meanwhile, which Claude Code's
+            # stream watchdog does not count: by default it drops a call after 300 s, and a CPU
+            # engine may prefill a prompt that long. Both limits follow `request_timeout`.
+            "API_TIMEOUT_MS": str(int(self.request_timeout * 1000)),
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(self.request_timeout * 1000)),
         }
+        if self.max_tokens is not None:
+            # Claude Code asks for 32,000 tokens per call: on a CPU engine a call must end well
+            # within `request_timeout` (docs/harnesses.md, "Real models on a CPU").
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.max_tokens)
         if self.bare:  # what --bare skips that would still add to the prompt: CLAUDE.md files, auto-memory
             env |= {"CLAUDE_CODE_DISABLE_CLAUDE_MDS": "1", "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1"}
         return Launch(argv=argv, env=env)
