@@ -110,6 +110,12 @@ def test_outcomes_are_read_from_exit_code_and_output() -> None:
     assert bad.status == "harness_error" and "Not logged in" in bad.message
     retry = json.dumps({"type": "system", "subtype": "api_retry"})
     assert cc.outcome(1, retry + "\n" + not_logged_in, "").status == "infra_error"
+    # answers that kept hitting max_tokens (SmolLM2 with claude-code.max_tokens=48): the policy's doing, scored
+    long = json.dumps({"type": "result", "subtype": "success", "is_error": True,
+                       "result": "API Error: Claude's response exceeded the 48 output token maximum. To configure this behavior, "
+                                 "set the CLAUDE_CODE_MAX_OUTPUT_TOKENS environment variable."})
+    cut = cc.outcome(1, long, "")
+    assert cut.status == "harness_error" and "exceeded the 48 output token maximum" in cut.message
 
     codex = HARNESSES["codex"]()
     done = '{"type":"item.completed","item":{"type":"agent_message","text":"All set"}}\n{"type":"turn.completed","usage":{}}'

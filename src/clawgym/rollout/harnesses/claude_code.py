@@ -19,6 +19,8 @@ VERSION = "2.1.197"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
 # Claude Code's own compaction and title prompts; they mark those calls as not the main agent.
 _COMPACTION_MARKERS = ("summary of the conversation so far", "create a detailed summary", "your task is to create a detailed summary")
+# what Claude Code says (as an "API Error") when answers keep stopping at max_tokens
+_OUTPUT_LIMIT = "output token maximum"
 _AUX_MARKERS = ("<system-reminder>\nanalyze",)
 # 2.1.197 asks for a session title with its instructions in the system prompt and, as the user
 # message, the session's text in <session> tags followed by "Write the title in <language>..."
@@ -80,6 +82,10 @@ class ClaudeCode(npm.NpmHarness):
         text = (result or {}).get("result") or (stderr.strip().splitlines() or [""])[-1]
         if result is not None and result.get("subtype") == "error_max_turns":
             return Outcome("ok", "turn limit reached")  # scored as is, like a timeout
+        if _OUTPUT_LIMIT in str(text):
+            # the policy's answers kept running into max_tokens (Claude Code gives up after a few
+            # continuations): the model's own doing, scored, not a failed endpoint
+            return Outcome("harness_error", exit_text(exit_code, str(text)[:300]))
         if any(s in (stdout + stderr) for s in ("api_retry", "API Error", "Connection error")):
             return Outcome("infra_error", f"model endpoint failed: {str(text)[:300]}")
         return Outcome("harness_error", exit_text(exit_code, str(text)[:300]))
