@@ -10,11 +10,11 @@ Routes (each rollout has its own base URL and API key, docs/architecture.md):
     /admin/...                                 see `admin.py` (admin token)
 
 A model call: find the rollout (404) → check its key (401, nothing recorded) → read the body
-(413) → parse (400; an `x-clawgym-max-tokens` header caps the new tokens) → render with TITO (`render.py`) → refuse a prompt longer than the window
-(400, the protocol's "prompt too long") → generate → parse the turn once → answer (JSON, or SSE
-with the opening event at once and pings while the engine works) → record (fsync) → no longer in
-flight. Engine failures answer "overloaded" (529 / 503, or an error event mid-stream) and are
-recorded as failed attempts.
+(413) → parse (400; an `x-clawgym-max-tokens` header caps the new tokens) → render with TITO
+(`render.py`) → refuse a prompt longer than the window (400, the protocol's "prompt too long") →
+generate → parse the turn once → answer (JSON, or SSE with the opening event at once and pings
+while the engine works) → record (fsync) → no longer in flight. Engine failures answer
+"overloaded" (529 / 503, or an error event mid-stream) and are recorded as failed attempts.
 """
 
 from __future__ import annotations

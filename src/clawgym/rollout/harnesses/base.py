@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from clawgym.errors import UserError
+
 if TYPE_CHECKING:
     from clawgym.artifacts import Transcript
 
@@ -103,8 +105,6 @@ def exit_text(exit_code: int, detail: str = "") -> str:
 def check_option(harness: str, key: str, value, kind, low: float, strict: bool = False) -> None:
     """An adapter option's type and lower bound, or a UserError naming it (bools are not numbers here).
     Options come from recipes and --harness-option unchecked: a bad one fails once, before any rollout."""
-    from clawgym.errors import UserError
-
     ok = isinstance(value, kind) and not isinstance(value, bool) and (value > low if strict else value >= low)
     if not ok:
         what = "an integer" if kind is int else "a number"
