@@ -6,7 +6,7 @@ The answers may be poor; what must hold is the plumbing. Each rollout ends witho
 every call the harness made is recorded with the engine's own ids and logprobs, and a later call
 extends the earlier prompt plus its sampled tokens, token for token. A CPU engine writes SmolLM2's
 tokens slowly and the proxy sends a turn only once it is generated, so each call is capped with the
-adapters. `max_tokens` option (docs/harnesses.md, "Real models on a CPU").
+adapters' `max_tokens` option (docs/harnesses.md, "Real models on a CPU").
 """
 
 from __future__ import annotations
