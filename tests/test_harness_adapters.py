@@ -71,6 +71,30 @@ def test_quiet_settings_of_the_real_harnesses(tmp_path: Path) -> None:
     assert cfg["models"]["providers"]["clawgym"]["baseUrl"] == "http://127.0.0.1:9/r/abc/v1"
 
 
+def test_claude_code_and_codex_limits_for_a_slow_engine(tmp_path: Path) -> None:
+    import tomllib
+
+    from clawgym.errors import UserError
+
+    cc = HARNESSES["claude-code"]().launch("x", tmp_path, tmp_path, EP)
+    # the stream watchdog's 300 s and the 600 s request limit raised to request_timeout; no output cap
+    assert cc.env["API_TIMEOUT_MS"] == cc.env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == "1800000"
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS" not in cc.env
+    cc = HARNESSES["claude-code"](max_tokens=48, request_timeout=90).launch("x", tmp_path, tmp_path, EP)
+    assert cc.env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "48" and cc.env["API_TIMEOUT_MS"] == "90000"
+    plain = tomllib.loads(HARNESSES["codex"]().launch("x", tmp_path, tmp_path, EP).files[".codex/config.toml"])
+    assert "http_headers" not in plain["model_providers"]["clawgym"]
+    capped = tomllib.loads(HARNESSES["codex"](max_tokens=48, idle_timeout_s=1800).launch("x", tmp_path, tmp_path, EP).files[".codex/config.toml"])
+    provider = capped["model_providers"]["clawgym"]
+    assert provider["http_headers"] == {"x-clawgym-max-tokens": "48"} and provider["stream_idle_timeout_ms"] == 1_800_000
+    for name, bad, message in (("claude-code", {"max_tokens": 0}, "claude-code option 'max_tokens' must be an integer >= 1, got 0"),
+                               ("claude-code", {"request_timeout": "slow"}, "claude-code option 'request_timeout' must be a number > 0"),
+                               ("codex", {"max_tokens": 1.5}, "codex option 'max_tokens' must be an integer >= 1"),
+                               ("codex", {"idle_timeout_s": 0}, "codex option 'idle_timeout_s' must be an integer >= 1")):
+        with pytest.raises(UserError, match=message):
+            HARNESSES[name](**bad)
+
+
 def test_outcomes_are_read_from_exit_code_and_output() -> None:
     al = HARNESSES["agentloop"]()
     assert al.outcome(0, "", "").status == "ok"
@@ -86,6 +110,12 @@ def test_outcomes_are_read_from_exit_code_and_output() -> None:
     assert bad.status == "harness_error" and "Not logged in" in bad.message
     retry = json.dumps({"type": "system", "subtype": "api_retry"})
     assert cc.outcome(1, retry + "\n" + not_logged_in, "").status == "infra_error"
+    # answers that kept hitting max_tokens (SmolLM2 with claude-code.max_tokens=48): the policy's doing, scored
+    long = json.dumps({"type": "result", "subtype": "success", "is_error": True,
+                       "result": "API Error: Claude's response exceeded the 48 output token maximum. To configure this behavior, "
+                                 "set the CLAUDE_CODE_MAX_OUTPUT_TOKENS environment variable."})
+    cut = cc.outcome(1, long, "")
+    assert cut.status == "harness_error" and "exceeded the 48 output token maximum" in cut.message
 
     codex = HARNESSES["codex"]()
     done = '{"type":"item.completed","item":{"type":"agent_message","text":"All set"}}\n{"type":"turn.completed","usage":{}}'

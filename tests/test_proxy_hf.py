@@ -73,3 +73,23 @@ def test_concurrent_calls_and_reload(proxy):
     proxy.settle("hf-after-reload")
     (rec,) = read_records(proxy.config.records_dir / "hf-after-reload.jsonl")
     assert rec.policy_version == 1
+
+
+def test_the_max_tokens_header_caps_a_call_that_sets_no_limit(proxy):
+    # Codex sends no max_output_tokens; its adapter caps each call with this header (docs/harnesses.md).
+    reg = proxy.register("hf-cap")
+    capped = openai.OpenAI(base_url=reg["openai_base_url"], api_key=reg["api_key"], max_retries=0,
+                           default_headers={"x-clawgym-max-tokens": "3"})
+    for seed in range(3):  # the random policy rarely ends a turn within 3 tokens; cut or not, never more
+        r = capped.responses.create(model="tiny", input="Say something long.", temperature=1.0, extra_body={"seed": seed})
+        assert r.usage.output_tokens <= 3
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    # a request's own, larger limit is capped too; a smaller one stands
+    r = capped.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=50)
+    assert r.usage.completion_tokens <= 3
+    r = capped.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=1)
+    assert r.usage.completion_tokens == 1
+    bad = openai.OpenAI(base_url=reg["openai_base_url"], api_key=reg["api_key"], max_retries=0,
+                        default_headers={"x-clawgym-max-tokens": "lots"})
+    with pytest.raises(openai.BadRequestError, match="x-clawgym-max-tokens must be an integer >= 1, got 'lots'"):
+        bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])

@@ -10,11 +10,11 @@ Routes (each rollout has its own base URL and API key, docs/architecture.md):
     /admin/...                                 see `admin.py` (admin token)
 
 A model call: find the rollout (404) → check its key (401, nothing recorded) → read the body
-(413) → parse (400) → render with TITO (`render.py`) → refuse a prompt longer than the window
-(400, the protocol's "prompt too long") → generate → parse the turn once → answer (JSON, or SSE
-with the opening event at once and pings while the engine works) → record (fsync) → no longer in
-flight. Engine failures answer "overloaded" (529 / 503, or an error event mid-stream) and are
-recorded as failed attempts.
+(413) → parse (400; an `x-clawgym-max-tokens` header caps the new tokens) → render with TITO
+(`render.py`) → refuse a prompt longer than the window (400, the protocol's "prompt too long") →
+generate → parse the turn once → answer (JSON, or SSE with the opening event at once and pings
+while the engine works) → record (fsync) → no longer in flight. Engine failures answer
+"overloaded" (529 / 503, or an error event mid-stream) and are recorded as failed attempts.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from clawgym.proxy.conversation import ConversationLog
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy import toolparse
-from clawgym.proxy.types import ChatRequest, ProtocolError, Turn, new_id
+from clawgym.proxy.types import MAX_TOKENS_HEADER, ChatRequest, ProtocolError, Turn, new_id
 from clawgym.templates import check_tool_template, load_chat_template
 
 log = logging.getLogger("clawgym.proxy")
@@ -234,6 +234,7 @@ class ProxyServer:
         try:
             rollout = self._rollout(request)
             req: ChatRequest = proto.parse(await self._read_json(request))
+            cap = _max_tokens_header(request)
             try:
                 plan = rollout.tito.render(req.messages, req.tools)
             except jinja2.TemplateError as e:  # e.g. a template that insists on alternating roles
@@ -260,7 +261,7 @@ class ProxyServer:
         rollout.conversation.add_request(call_id, seq, req)
         self.metrics.gauge_add("clawgym_proxy_in_flight", 1)
         n_prompt = len(plan.prompt_ids)
-        max_new = min(req.max_tokens or self.config.default_max_tokens, window - n_prompt)
+        max_new = min(req.max_tokens or self.config.default_max_tokens, cap or window, window - n_prompt)
         sampling = Sampling(max_tokens=max_new, temperature=1.0 if req.temperature is None else req.temperature,
                             top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, seed=req.seed,
                             stop_token_ids=self.renderer.stop_ids)
@@ -417,6 +418,15 @@ def _stop_cut(tokenizer: Any, ids: list[int], text: str, stops: list[str]) -> tu
         else:
             lo = mid + 1
     return lo, text[:pos], stop
+
+
+def _max_tokens_header(request: web.Request) -> int | None:
+    value = request.headers.get(MAX_TOKENS_HEADER)
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ProtocolError("invalid_request", f"header {MAX_TOKENS_HEADER} must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def _request_key(request: web.Request) -> str | None:

@@ -14,6 +14,10 @@ from typing import Any
 
 import orjson
 
+MAX_TOKENS_HEADER = "x-clawgym-max-tokens"
+"""a request header the proxy reads as a cap on the call's new tokens: for harnesses that cannot set
+max_tokens themselves (Codex; docs/harnesses.md)"""
+
 
 class ProtocolError(Exception):
     """A request the proxy refuses. `kind` is protocol-neutral; each protocol maps it to its shape.

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clawgym.errors import UserError
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, exit_text
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_option, exit_text
 
 if TYPE_CHECKING:
     from clawgym.artifacts import Transcript
@@ -83,12 +83,11 @@ class AgentLoop:
     def __init__(self, max_turns: int = 8, max_tokens: int = 256, context_window: int = 4096,
                  temperature: float = 1.0, answer_file: str | None = None, tool_timeout: float = 60.0,
                  request_timeout: float = 600.0, tools: list[str] | None = None):
-        # Options come from recipes and --harness-option unchecked: a bad one fails here, once, not in every rollout.
         for key, value in (("max_turns", max_turns), ("max_tokens", max_tokens), ("context_window", context_window)):
-            _check(key, value, int, 1)
-        _check("temperature", temperature, (int, float), 0)
-        _check("tool_timeout", tool_timeout, (int, float), 0, strict=True)
-        _check("request_timeout", request_timeout, (int, float), 0, strict=True)
+            check_option("agentloop", key, value, int, 1)
+        check_option("agentloop", "temperature", temperature, (int, float), 0)
+        check_option("agentloop", "tool_timeout", tool_timeout, (int, float), 0, strict=True)
+        check_option("agentloop", "request_timeout", request_timeout, (int, float), 0, strict=True)
         if answer_file is not None and not isinstance(answer_file, str):
             raise UserError(f"agentloop option 'answer_file' must be a path string, got {answer_file!r}")
         self.max_turns, self.max_tokens, self.context_window = max_turns, max_tokens, context_window
@@ -140,14 +139,6 @@ class AgentLoop:
     def classify(self, tool_names: list[str], last_user_text: str, main_tool_names: list[str]) -> str:
         # Only the compaction call goes out without tools.
         return "main" if tool_names else "compaction"
-
-
-def _check(key: str, value, kind, low: float, strict: bool = False) -> None:
-    """An option's type and lower bound, or a UserError naming it (bools are not numbers here)."""
-    ok = isinstance(value, kind) and not isinstance(value, bool) and (value > low if strict else value >= low)
-    if not ok:
-        what = "an integer" if kind is int else "a number"
-        raise UserError(f"agentloop option '{key}' must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
 
 
 def _last_line(text: str) -> str:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from clawgym.errors import UserError
+
 if TYPE_CHECKING:
     from clawgym.artifacts import Transcript
 
@@ -98,6 +100,15 @@ def exit_text(exit_code: int, detail: str = "") -> str:
         except ValueError:
             pass
     return f"{text}: {detail}" if detail else text
+
+
+def check_option(harness: str, key: str, value, kind, low: float, strict: bool = False) -> None:
+    """An adapter option's type and lower bound, or a UserError naming it (bools are not numbers here).
+    Options come from recipes and --harness-option unchecked: a bad one fails once, before any rollout."""
+    ok = isinstance(value, kind) and not isinstance(value, bool) and (value > low if strict else value >= low)
+    if not ok:
+        what = "an integer" if kind is int else "a number"
+        raise UserError(f"{harness} option '{key}' must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
 
 
 def classify_by_tools(tool_names: list[str], main_tool_names: list[str]) -> str:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from clawgym.artifacts import Transcript
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text, json_lines
+from clawgym.proxy.types import MAX_TOKENS_HEADER
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_option, classify_by_tools, exit_text, json_lines
 from clawgym.rollout.transcript import from_codex_events, proxy_or
 
 VERSION = "0.171.0"
@@ -37,7 +38,7 @@ wire_api = "responses"
 request_max_retries = {retries}
 stream_max_retries = {retries}
 stream_idle_timeout_ms = {idle_ms}
-
+{headers}
 [agents]
 enabled = false
 [analytics]
@@ -55,17 +56,29 @@ class Codex(npm.NpmHarness):
     protocol = "openai-responses"
     package, bin_name, title = PACKAGE, "codex", f"Codex {VERSION}"
 
-    def __init__(self, context_window: int = 32768, retries: int = 2, idle_timeout_s: int = 600):
+    def __init__(self, context_window: int = 32768, retries: int = 2, idle_timeout_s: int = 600, max_tokens: int | None = None):
+        for key, value, low in (("context_window", context_window, 1), ("retries", retries, 0), ("idle_timeout_s", idle_timeout_s, 1)):
+            check_option(self.name, key, value, int, low)
+        if max_tokens is not None:
+            check_option(self.name, "max_tokens", max_tokens, int, 1)
         self.context_window, self.retries, self.idle_timeout_s = context_window, retries, idle_timeout_s
+        self.max_tokens = max_tokens
 
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
         config = CONFIG.format(model=endpoint.model, base_url=endpoint.base_url.rstrip("/"), context_window=self.context_window,
-                               retries=self.retries, idle_ms=self.idle_timeout_s * 1000)
+                               retries=self.retries, idle_ms=self.idle_timeout_s * 1000, headers=self._headers())
         argv = [str(self.binary()), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(workspace),
                 "--dangerously-bypass-approvals-and-sandbox", instruction]
         env = {"CODEX_HOME": str(home / ".codex"), "CLAWGYM_API_KEY": endpoint.api_key}
         return Launch(argv=argv, env=env, files={".codex/config.toml": config})
+
+    def _headers(self) -> str:
+        # Codex sends no max_output_tokens and has no setting for it: the proxy caps each call by
+        # this header instead (docs/harnesses.md, "codex"), else a CPU engine may write for minutes.
+        if self.max_tokens is None:
+            return ""
+        return f'http_headers = {{ "{MAX_TOKENS_HEADER}" = "{self.max_tokens}" }}\n'
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
         events = json_lines(stdout)
