@@ -44,10 +44,11 @@ def test_a_step_of_four_updates_reduces_each_key_by_its_rule() -> None:
 def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> None:
     values = {"rollout/reward_mean": 0.4123, "rollout/reward_std": 0.18, "eval/pass@1": 0.52, "train/mismatch_abs": 0.0012,
               "train/clip_frac": 0.0, "train/grad_norm": 1.98, "train/tokens_per_s": 2466.0, "time/collect_s": 86.2,
-              "time/reconstruct_s": 1.6, "time/optimize_s": 5.0, "time/sync_s": 0.7, "time/eval_s": 20.0}
+              "time/reconstruct_s": 1.6, "time/optimize_s": 5.0, "time/sync_s": 0.7, "time/eval_s": 20.0,
+              "trees/tree_token_ratio": 0.357, "trees/tokens_saved": 49040.0}
     line = step_line(3, 8, values, eta_s=492)
     assert line == ("step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s"
-                    " | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s")
+                    "  tree 0.36 (49,040 tok saved) | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s")
     with_kl = step_line(1, 1, {**values, "train/kl_ref": 0.25}, eta_s=None)
     assert "kl 0.2500" in with_kl and "mismatch" not in with_kl and "ETA" not in with_kl
     sft = {"rollout/teacher_reward_mean": 1.0, "train/sft_loss_first": 2.5, "train/sft_loss_last": 0.5,
@@ -202,6 +203,7 @@ def test_a_run_prints_one_line_per_step_and_feeds_every_sink(tmp_path: Path) -> 
     step_lines = [ln for ln in proc.stderr.splitlines() if re.match(r"step \d/2  reward \d\.\d{3} ± \d\.\d{3}", ln)]
     assert len(step_lines) == 2, proc.stderr
     assert " | rollout " in step_lines[0] and " train " in step_lines[0] and "ETA" in step_lines[0]
+    assert re.search(r"  tree \d\.\d\d \([\d,]+ tok saved\) \| ", step_lines[0]), step_lines[0]
     assert "pass@1 " in step_lines[1] and " eval " in step_lines[1]
     for table in ("trees per rollout", "train grpo:", "update 1 |", "Pass@1 (%) by category"):
         assert table not in proc.stderr  # only with --verbose

@@ -46,12 +46,14 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     """One readable line of a step's metrics.jsonl values, e.g.
 
     step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
-    | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
+    tree 0.36 (49,040 tok saved) | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
     """
     v = values
     parts = [f"step {step}/{steps}", f"reward {v.get('rollout/reward_mean', 0.0):.3f} ± {v.get('rollout/reward_std', 0.0):.3f}"]
     shown = [key for key, _ in FIELDS if key in v and not (key == "train/mismatch_abs" and "train/kl_ref" in v)]
     parts += [fmt.format(v[key]) for key, fmt in FIELDS if key in shown]
+    if "trees/tree_token_ratio" in v:  # what tree packing saved over forwarding every call on its own
+        parts.append(f"tree {v['trees/tree_token_ratio']:.2f} ({v.get('trees/tokens_saved', 0.0):,.0f} tok saved)")
     phases = [f"{label} {duration(v[key])}" for key, label in PHASES if key in v]
     line = "  ".join(parts)
     if phases:
