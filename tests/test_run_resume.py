@@ -16,8 +16,8 @@ from clawgym import artifacts as A
 from toy import write_toy_recipe
 
 
-def write_recipe(tmp: Path, name: str, *, steps: int, harnesses: str = '["agentloop"]', n: int = 4) -> Path:
-    return write_toy_recipe(tmp, name, steps=steps, n=n, tasks=2, harnesses=harnesses, max_tokens=4, concurrency=4)
+def write_recipe(tmp: Path, name: str, *, steps: int, harnesses: str = '["agentloop"]', n: int = 4, algo: str = "grpo") -> Path:
+    return write_toy_recipe(tmp, name, algo=algo, steps=steps, n=n, tasks=2, harnesses=harnesses, max_tokens=4, concurrency=4)
 
 
 def clawgym_run(recipe: Path, *extra: str) -> subprocess.Popen:
@@ -116,7 +116,9 @@ def test_mix_harness_keeps_groups_per_harness_and_reports_each(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_offline_retraining_from_saved_trees_gives_the_same_loss_curve(tmp_path: Path) -> None:
-    recipe = write_recipe(tmp_path, "online", steps=2)
+    # PPO: every rollout carries a signal, so both steps train whatever the toy rewards (GRPO groups
+    # of 4 equal rewards, common for the random policy, leave a step with nothing to learn).
+    recipe = write_recipe(tmp_path, "online", steps=2, algo="ppo")
     proc = clawgym_run(recipe)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-2000:]
@@ -134,7 +136,7 @@ init = "tiny"
 from_run = "runs/online"
 
 [train]
-algo = "grpo"
+algo = "ppo"
 lr = 0.05
 """)
     proc = clawgym_run(offline)
@@ -157,12 +159,12 @@ lr = 0.05
 def test_eval_inside_the_loop_and_standalone(tmp_path: Path) -> None:
     import json
 
-    recipe = write_recipe(tmp_path, "evals", steps=1, n=2)
+    recipe = write_recipe(tmp_path, "evals", steps=1, n=2, algo="ppo")  # PPO: the step trains whatever the rewards
     recipe.write_text(recipe.read_text() + "\n[eval]\nevery = 1\nn = 2\n")
     proc = clawgym_run(recipe, "--verbose")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-2000:]
-    for table in ("trees per rollout", "train grpo:", "update 1 |", "Pass@1 (%) by category", "step 1/1  reward"):
+    for table in ("trees per rollout", "train ppo:", "update 1 |", "Pass@1 (%) by category", "step 1/1  reward"):
         assert table in err.decode()  # --verbose: every stage's tables, and the step line
     run_dir = tmp_path / "runs" / "evals"
     values = A.read_metrics(run_dir / "metrics.jsonl")[0].values
