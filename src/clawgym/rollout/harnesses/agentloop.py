@@ -249,7 +249,7 @@ class ChatClient:
 def _error_of(r) -> EndpointError:
     try:
         err = r.json().get("error") or {}
-    except ValueError:
+    except (ValueError, AttributeError):  # not JSON, or not a JSON object
         err = {}
     err = err if isinstance(err, dict) else {"message": str(err)}
     return EndpointError(f"Error code: {r.status_code} - {err.get('message') or r.text[:300]}", r.status_code, err.get("code"))
