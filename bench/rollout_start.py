@@ -38,8 +38,9 @@ PACKAGE_ROOT = str(Path(clawgym.__file__).resolve().parents[1])
 PROBE = ("import json, resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
          "r = resource.getrusage(resource.RUSAGE_CHILDREN); print(json.dumps(r.ru_utime + r.ru_stime))")
 # The agentloop process's start, as ENTRY makes it, stopped before its first request.
-HARNESS_START = ENTRY.split(";")[1].strip() + "; from clawgym.rollout.harnesses.agentloop import ChatClient; ChatClient('http://127.0.0.1:9/v1', 'k', 60)"
-SDK_START = ENTRY.split(";")[1].strip() + "; import openai; openai.OpenAI(api_key='k', base_url='http://127.0.0.1:9/v1')"
+MODULE_START = ENTRY.split(";")[1].strip()
+HARNESS_START = MODULE_START + "; from clawgym.rollout.harnesses.agentloop import ChatClient; ChatClient('http://127.0.0.1:9/v1', 'k', 60)"
+SDK_START = MODULE_START + "; import openai; openai.OpenAI(api_key='k', base_url='http://127.0.0.1:9/v1')"
 
 
 def self_cpu() -> float:

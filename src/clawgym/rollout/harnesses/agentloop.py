@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -226,8 +227,6 @@ class ChatClient:
                                    headers={"Authorization": f"Bearer {api_key}"})
 
     def create(self, **body) -> dict:
-        import time
-
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
