@@ -11,7 +11,7 @@ import pytest
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
-from clawgym.rollout.runner import RolloutConfig, run_rollouts
+from clawgym.rollout.runner import RolloutConfig, run_rollouts, select_tasks
 
 CHECK_FILE = textwrap.dedent("""\
     import json, sys, pathlib
@@ -161,3 +161,21 @@ def test_a_proxy_on_this_machine_lends_the_runner_its_tokenizer(tmp_path: Path, 
                             admin_token=thread.server.admin_token, records=tmp_path / "records")
         with ProxyClient.connect(cfg) as client:
             assert client.model_dir == Path(tiny_model).resolve()
+
+
+def test_tasks_per_step_draws_a_different_subset_each_step_and_the_same_on_a_rerun(tmp_path: Path) -> None:
+    pool = Path(__file__).parents[1] / "recipes" / "tasks" / "lookup" / "train"
+
+    def ids(step: int, k: int = 8) -> list[str]:
+        return [t.id for t in select_tasks(RolloutConfig(tasks=pool, out=tmp_path, step=step, tasks_per_step=k))]
+
+    all_ids = ids(0, 0)
+    assert len(all_ids) == 48
+    draws = [ids(step) for step in (1, 2, 3)]
+    for d in draws:
+        assert len(d) == len(set(d)) == 8 and set(d) <= set(all_ids)
+    assert ids(2) == draws[1]                      # a resumed step reruns the tasks it started
+    assert len({tuple(sorted(d)) for d in draws}) == 3   # steps go through the pool
+    assert len(ids(1, 100)) == 48                  # more than the pool: every task
+    with pytest.raises(UserError, match="tasks-per-step"):
+        ids(1, -1)

@@ -62,7 +62,7 @@ class EngineSection:
 # [rollout]: RolloutConfig's own fields (names, types, help), with the recipe's defaults; the loop
 # fills the rest (out, step, the engine's and Ray's from their sections). JudgeChoice's two keys build the verifier.
 ROLLOUT_KEYS = {"tasks": None, "harnesses": ["agentloop"], "n": 8, "concurrency": 8, "timeout_s": None, "sandbox": "local",
-                "network": "auto", "harness_options": {}}
+                "network": "auto", "harness_options": {}, "tasks_per_step": 0}
 RENAMED_KEYS = {"rollout": {"timeout": "timeout_s"}}
 """recipe keys that were renamed to their stage config's field: the old name still loads"""
 

@@ -194,7 +194,9 @@ def rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *,
                          timeout_s=ro.timeout_s, sandbox=ro.sandbox, network=ro.network, step=step,
                          policy_version=policy_version, harness_options=ro.harness_options, verifier=VerifierConfig.with_judge(ro.judge_url, ro.judge_model),
                          ray=recipe.ray.address, ray_num_cpus=recipe.ray.num_cpus, proxy_host=recipe.ray.proxy_host,
-                         tool_parser=recipe.engine.tool_parser)
+                         tool_parser=recipe.engine.tool_parser,
+                         # the step's draw from the pool; an eval or the teacher (tasks given) runs every task
+                         tasks_per_step=ro.tasks_per_step if tasks is None else 0)
 
 
 def _train_step(recipe: Recipe, sdir: StepLayout, policy: Path, step: int, stages: Console) -> dict[str, float]:

@@ -119,6 +119,8 @@ class RolloutConfig:
                                       factory=VerifierConfig)
     id_prefix: str = option("", "prefix of every rollout id (default: s<step>. for a loop step, none otherwise)")
     task_filter: list[str] = option(help="only these task ids (default: all)", factory=list, metavar="ID[,ID]", form=COMMA_LIST)
+    tasks_per_step: int = option(0, "roll out only this many of the tasks, drawn anew for each step (seeded by the step), so "
+                                    "a run's steps go through a large task pool; 0 = every task")
     ray: str | None = option(None, "run each rollout as a Ray task on this cluster: auto, local, HOST:PORT or ray://HOST:PORT "
                                    "(docs/scale.md)", metavar="ADDRESS")
     ray_num_cpus: float = option(1.0, "CPUs each rollout task asks Ray for")

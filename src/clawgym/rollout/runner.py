@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import random
 import statistics
 import threading
 import time
@@ -89,12 +90,22 @@ def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
             raise UserError(f"bad options for harness '{name}': {e}") from None
         if (why := harnesses[name].missing()) is not None:
             raise UserError(why)
+    return select_tasks(config), harnesses
+
+
+def select_tasks(config: RolloutConfig) -> list[Task]:
+    """The tasks this rollout stage runs: `tasks`, narrowed by `task_filter`, then `tasks_per_step` of them."""
+    if config.tasks_per_step < 0:
+        raise UserError(f"--tasks-per-step must be 0 (every task) or more (got {config.tasks_per_step})")
     tasks = load_tasks(config.tasks)
     if config.task_filter:
         tasks = [t for t in tasks if t.id in set(config.task_filter)]
     if not tasks:
         raise UserError(f"no tasks found in {config.tasks}")
-    return tasks, harnesses
+    if 0 < config.tasks_per_step < len(tasks):
+        # Seeded by the step alone: a resumed step draws the same tasks and finishes the rollouts it started.
+        tasks = random.Random(f"tasks-per-step {config.step}").sample(tasks, config.tasks_per_step)
+    return tasks
 
 
 def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: ProxyClient | None = None) -> RolloutSummary:
