@@ -107,6 +107,22 @@ def test_checkpoint_is_hf_loadable_and_complete(step, tiny_model, tmp_path):
     assert ckpt.load_state(tmp_path / "next").complete
 
 
+def test_a_step_trains_at_its_own_lr_not_the_one_saved_with_the_optimizer_state(step, tiny_model, tmp_path):
+    from safetensors.torch import load_file
+
+    first = tmp_path / "sft"
+    train(cfg(step, tiny_model, first, algo="sft", lr=1e-2, min_reward=0.0))  # saves its Adam state (lr 1e-2)
+    nxt = tmp_path / "next"
+    train(cfg(step, first, nxt, lr=1e-7, metrics=tmp_path / "m.jsonl"))
+    a, b = load_file(first / "model.safetensors"), load_file(nxt / "model.safetensors")
+    moved = max(float((a[k] - b[k]).abs().max()) for k in a)
+    # Adam moves a weight by at most about lr per update: 1e-7 here, 1e-2 at the saved lr.
+    assert 0 < moved < 1e-5
+    saved = torch.load(nxt / ckpt.OPTIMIZER_FILE, weights_only=True)
+    assert {g["lr"] for g in saved["param_groups"]} == {1e-7}
+    assert all(s["step"] > 1 for s in saved["state"].values())  # the moments and step counts did carry over
+
+
 @pytest.mark.slow
 def test_resume_after_a_kill_matches_an_uninterrupted_run(step, tiny_model, tmp_path, monkeypatch):
     from safetensors.torch import load_file

@@ -146,10 +146,17 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, apply: Callable
     path = Path(path)
     if not path.exists():
         return False
+    # A saved state carries its call's hyperparameters (lr, betas, ...) in its param groups, and
+    # load_state_dict would put them back: an RL step after an SFT cold start would then train at the
+    # cold start's lr whatever its own --lr. The moments and step counts carry over; the
+    # hyperparameters stay this call's.
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     try:
         (apply or optimizer.load_state_dict)(torch.load(path, map_location="cpu", weights_only=True))
     except (ValueError, RuntimeError, KeyError) as e:
         raise UserError(f"{path}: optimizer state does not fit this model ({e})") from None
+    for group, mine in zip(optimizer.param_groups, hyper):
+        group.update(mine)
     return True
 
 
