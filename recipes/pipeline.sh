@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# recipes/pipeline.sh — the RL loop of `clawgym run recipes/quickstart.toml`, chained from the shell.
+# recipes/pipeline.sh — the RL loop of `clawgym run recipes/toy.toml`, chained from the shell.
 #
 # `clawgym run` does everything in one process. This script does the same with one command per
 # stage, so you can see (and change) each of them:
@@ -19,7 +19,7 @@
 # Rerun it after Ctrl-C, a crash or a reboot and it resumes: finished steps are skipped, and the
 # step that was cut short continues from its last complete stage.
 #
-# The defaults are recipes/quickstart.toml's: the tiny random policy learns the toy tasks (answer
+# The defaults are recipes/toy.toml's: the tiny random policy learns the toy tasks (answer
 # with a number). Change any of them from the environment, e.g.
 #
 #     STEPS=2 N=4 RUN_DIR=/tmp/demo bash recipes/pipeline.sh
@@ -30,7 +30,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # -----------------------------------------------------------------------------------------------
-# Settings: recipes/quickstart.toml's, each overridable from the environment.
+# Settings: recipes/toy.toml's, each overridable from the environment.
 
 RUN_DIR="${RUN_DIR:-$HERE/runs/pipeline}"   # everything this run writes
 STEPS="${STEPS:-8}"                         # RL steps

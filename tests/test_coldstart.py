@@ -161,21 +161,22 @@ n = 1
     assert trained and not {t for t in trained if "heldout" in t}
 
 
-def test_the_tools_quickstart_recipe_loads_and_its_sft_section_round_trips() -> None:
+def test_the_quickstart_recipe_loads_and_its_sft_section_round_trips() -> None:
     root = Path(__file__).resolve().parents[1]
-    r = load_recipe(root / "recipes" / "tools-quickstart.toml")
+    r = load_recipe(root / "recipes" / "quickstart.toml")
     assert (r.sft.n, r.sft.family, r.model.init) == (1, "lookup", "small")
-    assert r.sft.tasks == root / "recipes" / "tasks" / "lookup" / "train"
+    assert r.sft.tasks is None and r.rollout.tasks == root / "recipes" / "tasks" / "lookup" / "train"  # SFT and RL share the train split
+    assert 0 < r.rollout.tasks_per_step < 96
     assert r.eval.tasks == root / "recipes" / "tasks" / "lookup" / "heldout" and r.eval.every > 0
     assert r.rollout.harness_options["agentloop"]["tools"] == ["bash", "write"]
     from clawgym.config import recipe_to_toml
 
     text = recipe_to_toml(r)
     assert "[sft]" in text and 'family = "lookup"' in text
-    # the shipped train (SFT), RL and held-out task sets: no held-out task's content is trained on
+    # the shipped train (SFT and RL) and held-out task sets: no held-out task's content is trained on
     def contents(split: str) -> set[tuple]:
         return {((d / "instruction.md").read_text(), tuple((d / "workspace" / f).read_text() for f in ("a.txt", "b.txt", "c.txt")))
                 for d in (root / "recipes" / "tasks" / "lookup" / split).iterdir()}
 
-    trained, heldout = contents("train") | contents("rl"), contents("heldout")
-    assert len(heldout) == 12 and len(trained) >= 48 and not trained & heldout
+    trained, heldout = contents("train"), contents("heldout")
+    assert len(heldout) == 48 and len(trained) == 96 and not trained & heldout

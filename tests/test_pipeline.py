@@ -97,7 +97,7 @@ def test_harness_option_is_checked_in_one_line(tmp_path: Path) -> None:
 # --- recipes/pipeline.sh -------------------------------------------------------------------------
 
 STEPS, N, TASKS, LR = 2, 4, 8, 0.03
-"""2 steps of 8 toy tasks × 4 samples (32 rollouts a step) at the quickstart's rate"""
+"""2 steps of 8 toy tasks × 4 samples (32 rollouts a step) at the toy recipe's rate"""
 Z = 4.0
 """how many standard errors apart two runs' mean rewards of one step may be (below)"""
 

@@ -12,7 +12,7 @@ from clawgym.errors import UserError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["quickstart", "grpo-claude-code", "ppo-openclaw", "mix-harness"])
+@pytest.mark.parametrize("name", ["toy", "grpo-claude-code", "ppo-openclaw", "mix-harness"])
 def test_shipped_recipes_load(name: str) -> None:
     r = load_recipe(ROOT / "recipes" / f"{name}.toml")
     assert r.run.name == name and r.rollout.tasks == ROOT / "recipes" / "tasks" / "toy"
@@ -23,7 +23,7 @@ def test_shipped_recipes_load(name: str) -> None:
 def test_offline_recipe_names_the_missing_run(tmp_path: Path) -> None:
     recipe = tmp_path / "offline.toml"
     recipe.write_text((ROOT / "recipes" / "offline-retrain.toml").read_text())
-    with pytest.raises(UserError, match=r"\[offline\] key 'from_run': .*runs/quickstart is not a run directory"):
+    with pytest.raises(UserError, match=r"\[offline\] key 'from_run': .*runs/toy is not a run directory"):
         load_recipe(recipe)
 
 

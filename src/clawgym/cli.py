@@ -363,7 +363,7 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **opti
 
     The rollouts run as `clawgym rollout` runs them, with the same options; only --n's default differs.
 
-    Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/quickstart/checkpoints/step-0012 --n 4 --out runs/eval
+    Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/toy/checkpoints/step-0008 --n 4 --out runs/eval
     """
     from clawgym.eval import evaluate
 
