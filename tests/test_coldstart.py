@@ -210,3 +210,22 @@ def test_the_tools_quickstart_recipe_loads_and_its_sft_section_round_trips() -> 
 
     trained, heldout = contents("train") | contents("rl"), contents("heldout")
     assert len(heldout) == 12 and len(trained) >= 48 and not trained & heldout
+
+
+def test_the_smollm2_tools_recipe_loads_and_names_its_pretrained_model_and_template() -> None:
+    root = Path(__file__).resolve().parents[1]
+    r = load_recipe(root / "recipes" / "smollm2-tools.toml")
+    assert (r.model.init, r.model.path, r.engine.name, r.engine.chat_template) == ("smollm2-135m-instruct", None, "hf", "smollm2-tools")
+    assert (r.sft.n, r.sft.family, r.sft.tasks) == (1, "lookup", root / "recipes" / "tasks" / "lookup" / "train")
+    assert r.rollout.tasks == root / "recipes" / "tasks" / "lookup" / "rl" and r.train["algo"] == "grpo"
+    assert r.eval.tasks == root / "recipes" / "tasks" / "lookup" / "heldout" and r.eval.every == r.run.steps  # eval after RL
+    from clawgym.config import recipe_to_toml
+
+    assert 'init = "smollm2-135m-instruct"' in recipe_to_toml(r)
+
+
+def test_model_init_names_a_size_or_a_pretrained_model(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "n = 0")
+    path.write_text(path.read_text().replace('init = "tiny"', 'init = "gpt-5"'))
+    with pytest.raises(UserError, match=r"\[model\] key 'init': unknown 'gpt-5'; choose a size \(tiny, small.*\) or a pretrained model \(smollm2-135m-instruct"):
+        load_recipe(path)
