@@ -17,6 +17,7 @@ from clawgym.errors import UserError
 from clawgym.rollout.harnesses.agentloop import SYSTEM_PROMPT, TOOLS
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.tasks.families import FAMILIES, make_tasks
+from clawgym.tasks.generated import Reply, ToolCall
 from clawgym.train.loop import TrainConfig, train
 from clawgym.trees import resolve_config, run_build_trees
 
@@ -33,15 +34,20 @@ def test_the_teacher_reads_the_rendered_prompt_and_answers_in_the_served_tokeniz
     instruction = "Write the value of key log to answer.txt."
     msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
     first = FAMILIES["lookup"].teach(instruction, [])
+    assert first == Reply(calls=(ToolCall("bash", {"command": "grep -h log= *"}),))
     msgs += [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
         "name": "bash", "arguments": json.dumps({"command": "grep -h log= *"})}}]},
              {"role": "tool", "tool_call_id": "c1", "content": "exit code 0\nlog=7\n"}]
     prompt = render(tok, msgs)
     assert read_prompt(tok.decode(prompt)) == (instruction, ["exit code 0\nlog=7\n"])
     gen = asyncio.run(engine.generate(prompt, Sampling(max_tokens=64), "r1"))
-    assert gen.output_ids == tok(FAMILIES["lookup"].teach(instruction, ["exit code 0\nlog=7\n"])).input_ids + [tok.eos_token_id]
-    assert '"content": "7"' in tok.decode(gen.output_ids) and gen.finish_reason == "stop"
-    assert first.startswith("<tool_call>")
+    # The init-model template's own (Hermes) call form, then its end of turn.
+    hermes = '<tool_call>\n{"name": "write", "arguments": {"path": "answer.txt", "content": "7"}}\n</tool_call>'
+    assert gen.output_ids == tok(hermes).input_ids + [tok.eos_token_id] and gen.finish_reason == "stop"
+    last = render(tok, msgs + [{"role": "assistant", "content": tok.decode(gen.output_ids[:-1])},
+                              {"role": "tool", "tool_call_id": "c2", "content": "exit code 0\n"}])
+    done = asyncio.run(engine.generate(last, Sampling(max_tokens=64), "r1"))
+    assert done.output_ids == tok("done").input_ids + [tok.eos_token_id]
     foreign = render(tok, [{"role": "user", "content": "What is 2+2?"}])
     with pytest.raises(EngineError, match="teacher 'lookup' cannot answer rollout 'r2'"):
         asyncio.run(engine.generate(foreign, Sampling(max_tokens=64), "r2"))
@@ -76,6 +82,31 @@ def test_teacher_trajectories_go_through_proxy_and_harness_and_sft_trains_on_the
     res = train(TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model,
                             out=tmp_path / "ckpt", algo="sft", lr=1e-3, epochs=1))
     assert res.rollouts == 3 and res.trainable_tokens == sum(len(c.output_ids) for c in calls)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_teacher_answers_in_the_served_templates_own_call_form_smollm2(smollm2_model: Path, tmp_path: Path) -> None:
+    """SmolLM2's template calls tools as a JSON list: the teacher's recorded answers are in that form,
+    the proxy parses them as tool calls (json-list parser), and every task is solved."""
+    from transformers import AutoTokenizer
+
+    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
+    step = tmp_path / "sft"
+    summary = run_rollouts(RolloutConfig(
+        tasks=tmp_path / "tasks", harnesses=["agentloop"], out=step, n=1, concurrency=3, model=smollm2_model,
+        engine="teacher", engine_options={"family": "lookup"}, chat_template="smollm2-tools", timeout_s=120,
+        harness_options={"agentloop": {"max_turns": 4, "max_tokens": 64, "tools": ["bash", "write"]}}), Console(stderr=True))
+    assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
+    calls = A.read_table(step / "calls.parquet", A.CallRecord)
+    tok = AutoTokenizer.from_pretrained(smollm2_model)
+    texts = [tok.decode(c.output_ids) for c in calls]
+    assert len(texts) == 9 and all(c.output_ids[-1] == tok.eos_token_id for c in calls)  # <|im_end|>
+    searches = [t for t in texts if t.startswith('<tool_call>[{"name": "bash", "arguments": {"command": "grep ')]
+    writes = [t for t in texts if t.startswith('<tool_call>[{"name": "write", "arguments": {"path": "answer.txt", ')]
+    assert len(searches) == len(writes) == 3 and all(t.endswith("}}]</tool_call><|im_end|>") for t in searches + writes)
+    assert texts.count("done<|im_end|>") == 3
+    assert sorted(c.finish_reason for c in calls) == ["stop"] * 3 + ["tool_calls"] * 6  # the proxy parsed each call
 
 
 def recipe(tmp_path: Path, sft: str) -> Path:
@@ -180,3 +211,22 @@ def test_the_quickstart_recipe_loads_and_its_sft_section_round_trips() -> None:
 
     trained, heldout = contents("train"), contents("heldout")
     assert len(heldout) == 48 and len(trained) == 96 and not trained & heldout
+
+
+def test_the_smollm2_tools_recipe_loads_and_names_its_pretrained_model_and_template() -> None:
+    root = Path(__file__).resolve().parents[1]
+    r = load_recipe(root / "recipes" / "smollm2-tools.toml")
+    assert (r.model.init, r.model.path, r.engine.name, r.engine.chat_template) == ("smollm2-135m-instruct", None, "hf", "smollm2-tools")
+    assert (r.sft.n, r.sft.family, r.sft.tasks) == (1, "lookup", None)
+    assert r.rollout.tasks == root / "recipes" / "tasks" / "lookup" / "train" and r.rollout.tasks_per_step > 0 and r.train["algo"] == "grpo"
+    assert r.eval.tasks == root / "recipes" / "tasks" / "lookup" / "heldout" and r.eval.every == r.run.steps  # eval after RL
+    from clawgym.config import recipe_to_toml
+
+    assert 'init = "smollm2-135m-instruct"' in recipe_to_toml(r)
+
+
+def test_model_init_names_a_size_or_a_pretrained_model(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "n = 0")
+    path.write_text(path.read_text().replace('init = "tiny"', 'init = "gpt-5"'))
+    with pytest.raises(UserError, match=r"\[model\] key 'init': unknown 'gpt-5'; choose a size \(tiny, small.*\) or a pretrained model \(smollm2-135m-instruct"):
+        load_recipe(path)

@@ -14,7 +14,7 @@ from clawgym.errors import UserError
 from clawgym.rollout.harnesses.agentloop import run_tool
 from clawgym.tasks import load_tasks
 from clawgym.tasks.families import FAMILIES, draw_tasks, make_tasks
-from clawgym.tasks.generated import split_of
+from clawgym.tasks.generated import Reply, split_of
 from clawgym.tasks.lookup import KEYS, parse_instruction
 
 
@@ -65,10 +65,9 @@ def test_the_teacher_solves_every_category_through_real_tools_and_checks_give_pa
         assert check(task.path, ws) == {"answered": False, "correct": False}  # no-op scores 0
         results: list[str] = []
         for _ in range(2):  # search, then write what the search showed
-            reply = family.teach(task.instruction, results)
-            call = json.loads(reply.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
-            results.append(run_tool(call["name"], call["arguments"]))
-        assert family.teach(task.instruction, results) == "done"
+            (call,) = family.teach(task.instruction, results).calls
+            results.append(run_tool(call.name, call.arguments))
+        assert family.teach(task.instruction, results) == Reply(text="done")
         assert check(task.path, ws) == {"answered": True, "correct": True}, (task.id, results)
         (ws / "answer.txt").write_text("wrong\n")
         assert check(task.path, ws) == {"answered": True, "correct": False}

@@ -1,7 +1,7 @@
 """Recipes: one TOML file, one section per stage, validated into typed dataclasses.
 
     [run]      name, dir, steps, seed
-    [model]    path = "models/tiny"   or   init = "tiny" | "small", init_seed = 0
+    [model]    path = "models/tiny"   or   init = "tiny" | "small" | a pretrained name (smollm2-135m-instruct), init_seed = 0
     [engine]   name = "hf", tool_parser = "auto", chat_template = FILE | shipped name, and engine options
     [rollout]  tasks, harnesses, n, concurrency, timeout, sandbox, network, judge_url, judge_model
     [rollout.<harness>]  that harness adapter's options (e.g. [rollout.agentloop] max_tokens = 8)
@@ -32,6 +32,8 @@ from typing import Any
 from clawgym.errors import UserError
 from clawgym.fields import default_of, help_of, option, reference
 from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
+from clawgym.model import SIZES
+from clawgym.pretrained import PRETRAINED
 from clawgym.templates import SHIPPED, load_chat_template
 from clawgym.train.config import TrainConfig
 
@@ -47,7 +49,7 @@ class RunSection:
 @dataclass
 class ModelSection:
     path: Path | None = option(None, "the starting policy: an HF model directory (give this or `init`)")
-    init: str | None = option(None, "or make it with init-model (tiny | small) into RUN/model-init")
+    init: str | None = option(None, "or make it with init-model into RUN/model-init: a size (tiny | small) or a pretrained name (--from)")
     init_seed: int = option(0, "init-model's seed")
 
 
@@ -262,7 +264,10 @@ def _resolve_paths(r: Recipe) -> None:
 def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     where = str(r.path)
     if (r.model.path is None) == (r.model.init is None):
-        raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small)")
+        raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small | a pretrained name)")
+    if r.model.init is not None and r.model.init not in (*SIZES, *PRETRAINED):
+        raise UserError(f"{where} [model] key 'init': unknown '{r.model.init}'; choose a size ({', '.join(SIZES)}) "
+                        f"or a pretrained model ({', '.join(PRETRAINED)})")
     if r.engine.chat_template is not None:
         load_chat_template(r.engine.chat_template, f"{where} [engine] key 'chat_template':")  # a missing or unreadable file fails before any work
     if r.model.path is not None and not (r.model.path / "config.json").exists():

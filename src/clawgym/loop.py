@@ -47,8 +47,12 @@ def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
     path = run.model_init
     if not (path / "config.json").exists():
         from clawgym.model import init_model
+        from clawgym.pretrained import PRETRAINED, init_pretrained
 
-        init_model(path, seed=recipe.model.init_seed, size=recipe.model.init, force=True)
+        if recipe.model.init in PRETRAINED:  # converted once per machine, then copied from the cache
+            init_pretrained(path, recipe.model.init, force=True)
+        else:
+            init_model(path, seed=recipe.model.init_seed, size=recipe.model.init, force=True)
     return path
 
 

@@ -5,6 +5,10 @@ of them makes every tool task unsolvable while everything still seems to work. `
 renders a short tool-using conversation and names what went missing. The proxy refuses to start
 on a template with problems (`check_tool_template`), and `clawgym inspect` shows them.
 
+`assistant_completion` is the other direction: the text a model served under a template would
+generate for a given assistant message (its text and tool calls, in the template's own call form).
+The teacher engine answers with it, so teacher trajectories teach the student its own template.
+
 `--chat-template` (serve-proxy, rollout, eval; `[engine] chat_template` in a recipe) replaces a
 model's template: either a Jinja file or the name of a template shipped in `data/templates/`:
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from clawgym.errors import UserError
 
@@ -96,3 +101,39 @@ def check_tool_template(tokenizer, where: str) -> None:
         raise UserError(f"{where}: the chat template cannot serve agents: {'; '.join(problems)}. Give a tool-capable "
                         f"template with --chat-template FILE (or [engine] chat_template in a recipe); clawgym ships "
                         f"{', '.join(SHIPPED)} (docs/engines.md, 'Chat templates')")
+
+
+# The markers that end an assistant turn in the templates clawgym serves (the proxy's stop ids, besides eos).
+_END_MARKERS = ("<|im_end|>", "<|endoftext|>")
+
+
+def assistant_completion(tokenizer, content: str, tool_calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """The text a model served with `tokenizer`'s chat template generates for one assistant message.
+
+    It is the template's rendering of the message after the generation prompt, through the marker
+    that ends the turn (the engine's stop id). ValueError when the template shows no such turn."""
+    context = [{"role": "user", "content": "clawgym-probe-question"}]
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:  # ids of 9 letters and digits, as in tool_use_problems
+        message["tool_calls"] = [{"type": "function", "id": f"call{i:05d}", "function": {"name": name, "arguments": args}}
+                                 for i, (name, args) in enumerate(tool_calls)]
+    prompt = tokenizer.apply_chat_template(context, tokenize=False, add_generation_prompt=True)
+    bare = tokenizer.apply_chat_template(context, tokenize=False)
+    history = tokenizer.apply_chat_template([*context, message], tokenize=False)
+    gen = prompt[len(bare):] if prompt.startswith(bare) else ""
+    # History may show a bare header where the prompt says more (Qwen3's empty think block without
+    # thinking); the model then generates what follows that longer prompt, the turn's content.
+    header = gen[: gen.index("\n") + 1] if "\n" in gen else gen
+    if gen and history.startswith(prompt):
+        body = history[len(prompt):]
+    elif header and history.startswith(bare + header):
+        body = history[len(bare) + len(header):]
+    else:
+        raise ValueError("the chat template renders no assistant turn after its generation prompt")
+    ends = []
+    for marker in {tokenizer.eos_token, *_END_MARKERS}:
+        if marker and (at := body.find(marker)) >= 0:
+            ends.append(at + len(marker))
+    if not ends:
+        raise ValueError("the chat template's assistant turn has no end-of-turn marker")
+    return body[: min(ends)]

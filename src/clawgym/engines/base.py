@@ -58,6 +58,8 @@ class EngineConfig:
     model_dir: Path
     options: dict[str, Any] = field(default_factory=dict)
     """engine-specific settings, e.g. {"script": path} for scripted, {"max_batch": 8} for hf"""
+    chat_template: str | None = None
+    """the proxy's --chat-template (a Jinja file or a shipped name), for an engine that renders text itself (teacher)"""
 
 
 @runtime_checkable

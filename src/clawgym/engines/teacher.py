@@ -5,13 +5,16 @@ teacher model's would be: the harness runs unmodified, every call goes through t
 proxy renders the prompt with the *served model's* tokenizer and chat template and records the
 tokens. This engine stands where that teacher model would: it reads the rendered prompt back as
 text, finds the task's instruction and the tool results so far, asks the family
-(`clawgym.tasks.families`, option `family`) for the next assistant message, and returns it as
-token ids of the served model's tokenizer. So the recorded ids are the student's own, and the
-trees, packing and `train --algo sft` see nothing different from a real teacher.
+(`clawgym.tasks.families`, option `family`) for the next assistant message (its text and tool
+calls), renders that message with the served chat template (the proxy's `--chat-template`, else the
+model's own) and returns what a model under that template would generate, as token ids of the
+served tokenizer. So the recorded ids are the student's own, in its own template's call form (the
+init-model's Hermes `<tool_call>{...}</tool_call>`, SmolLM2's `<tool_call>[...]</tool_call>`), and
+the trees, packing and `train --algo sft` see nothing different from a real teacher.
 
-The teacher reads ChatML prompts (`<|im_start|>user ... <|im_end|>`, Hermes `<tool_response>`
-blocks): the init-model template, Qwen3 and SmolLM2 use them. A prompt in which it finds no
-instruction of its family is an engine error naming the rollout, never a made-up answer.
+The teacher reads ChatML prompts (`<|im_start|>user ... <|im_end|>`, tool results in
+`<tool_response>` blocks): the init-model template, Qwen3 and SmolLM2 use them. A prompt in which it
+finds no instruction of its family is an engine error naming the rollout, never a made-up answer.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window
 from clawgym.engines.scripted import text_generation
 from clawgym.errors import UserError
+from clawgym.templates import assistant_completion, load_chat_template
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
@@ -36,13 +40,15 @@ def read_prompt(text: str) -> tuple[str, list[str]]:
 class TeacherEngine:
     """See the module docstring."""
 
-    def __init__(self, model_dir: Path, family: str, max_context: int | None = None):
+    def __init__(self, model_dir: Path, family: str, max_context: int | None = None, chat_template: str | None = None):
         from transformers import AutoTokenizer
 
         from clawgym.tasks.families import get_family
 
         self.family = get_family(family)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if chat_template:  # the template the proxy serves, so the answer is in the student's call form
+            self.tokenizer.chat_template = load_chat_template(chat_template)
         self.policy_version = 0
         self.max_context = max_context or context_window(model_dir)
 
@@ -51,12 +57,13 @@ class TeacherEngine:
         family = config.options.get("family")
         if not isinstance(family, str):
             raise UserError("the teacher engine needs the option 'family' (a generated task family, e.g. lookup)")
-        return cls(config.model_dir, family, config.options.get("max_context"))
+        return cls(config.model_dir, family, config.options.get("max_context"), config.chat_template)
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling, rollout_id: str = "") -> Generation:
         instruction, results = read_prompt(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
         try:
-            text = self.family.teach(instruction, results)
+            reply = self.family.teach(instruction, results)
+            text = assistant_completion(self.tokenizer, reply.text, [(c.name, c.arguments) for c in reply.calls])
         except ValueError as e:
             raise EngineError(f"teacher '{self.family.name}' cannot answer rollout '{rollout_id}': {e}") from None
         return text_generation(self.tokenizer, text, sampling, self.policy_version)

@@ -113,7 +113,7 @@ class ProxyServer:
         if config.max_context:
             opts.setdefault("max_context", config.max_context)
         if engine is None:
-            engine = make_engine(config.engine, EngineConfig(Path(config.model_dir), opts))
+            engine = make_engine(config.engine, EngineConfig(Path(config.model_dir), opts, config.chat_template))
             engine.policy_version = config.policy_version
         self.engine = engine
         self.recorder = Recorder(config.records_dir)

@@ -1,4 +1,4 @@
-"""What a generated task family is: `Family` (draw a task, teach its solution), `Drawn`, and the split rule.
+"""What a generated task family is: `Family` (draw a task, teach its solution), `Drawn`, `Reply`, and the split rule.
 
 Kept apart from the registry (families.py) so that family modules import this and the registry
 imports them, with no import circle.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from clawgym.tasks.writer import TaskDraft
 
@@ -28,6 +28,25 @@ class Drawn:
     """everything that decides the task's answer, as text; equal signatures are the same task"""
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of a teacher's reply: the tool's name and its JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The teacher's next assistant message, as content: its text and its tool calls.
+
+    It names no call syntax: the teacher engine renders it with the served model's chat template,
+    so the student learns its own template's form (Hermes `<tool_call>{...}`, SmolLM2's JSON list, ...)."""
+
+    text: str = ""
+    calls: tuple[ToolCall, ...] = field(default_factory=tuple)
+
+
 class Family(Protocol):
     name: str
     categories: tuple[str, ...]
@@ -36,8 +55,8 @@ class Family(Protocol):
         """One task of `category` with id `task_id`, from `rng` only."""
         ...
 
-    def teach(self, instruction: str, tool_results: list[str]) -> str:
-        """The teacher's next assistant message (text, tool calls in the Hermes `<tool_call>` form)."""
+    def teach(self, instruction: str, tool_results: list[str]) -> Reply:
+        """The teacher's next assistant message; ValueError for an instruction not of this family."""
         ...
 
 

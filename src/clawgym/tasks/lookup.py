@@ -27,7 +27,7 @@ import json
 import random
 import re
 
-from clawgym.tasks.generated import Drawn
+from clawgym.tasks.generated import Drawn, Reply, ToolCall
 from clawgym.tasks.writer import TaskDraft
 
 # One token each in the init-model tokenizer, with and without a leading space; none is a substring
@@ -62,9 +62,9 @@ print(json.dumps({"answered": bool(text), "correct": text == expected}))
 '''
 
 
-def tool_call(name: str, arguments: dict) -> str:
-    """One call in the Hermes form the init-model chat template renders."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+def tool_call(name: str, arguments: dict) -> Reply:
+    """A reply that is one tool call and no text (the served chat template decides how it reads)."""
+    return Reply(calls=(ToolCall(name, arguments),))
 
 
 class LookupFamily:
@@ -96,7 +96,7 @@ class LookupFamily:
         signature = json.dumps([category, key, files], sort_keys=True)
         return Drawn(draft, signature)
 
-    def teach(self, instruction: str, tool_results: list[str]) -> str:
+    def teach(self, instruction: str, tool_results: list[str]) -> Reply:
         """Search for the key, write what the search printed, then finish."""
         category, key = parse_instruction(instruction)
         if not tool_results:
@@ -106,7 +106,7 @@ class LookupFamily:
             if category == "value":
                 found = found.split("=", 1)[-1]
             return tool_call("write", {"path": ANSWER, "content": found})
-        return "done"
+        return Reply(text="done")
 
 
 def parse_instruction(instruction: str) -> tuple[str, str]:
