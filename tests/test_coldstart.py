@@ -84,6 +84,54 @@ def test_teacher_trajectories_go_through_proxy_and_harness_and_sft_trains_on_the
     assert res.rollouts == 3 and res.trainable_tokens == sum(len(c.output_ids) for c in calls)
 
 
+def test_the_teacher_fits_its_calls_to_the_tools_the_harness_offers() -> None:
+    from clawgym.engines.teacher import fit_call, offered_tools
+
+    def tools_block(*specs: tuple[str, list[str]]) -> str:
+        return "<tools>\n" + "\n".join(json.dumps({"type": "function", "function": {"name": n, "parameters": {
+            "type": "object", "properties": {p: {"type": "string"} for p in ps}}}}) for n, ps in specs) + "\n</tools>"
+
+    write = ToolCall("write", {"path": "answer.txt", "content": "it's 4"})
+    claude = "SDK.CWD: /workspace\n\n" + tools_block(("Bash", ["command", "timeout"]), ("Write", ["file_path", "content"]))
+    assert fit_call(write, offered_tools(claude), claude) == ("Write", {"file_path": "/workspace/answer.txt", "content": "it's 4"})
+    assert fit_call(ToolCall("bash", {"command": "ls"}), offered_tools(claude), claude) == ("Bash", {"command": "ls"})
+    shell_only = tools_block(("shell", ["command"]))
+    assert fit_call(write, offered_tools(shell_only), shell_only) == ("shell", {"command": "printf '%s' 'it'\"'\"'s 4' > answer.txt"})
+    agentloop = tools_block(("bash", ["command"]), ("write", ["path", "content"]))
+    assert fit_call(write, offered_tools(agentloop), agentloop) == ("write", dict(write.arguments))
+    assert offered_tools("no tools here") is None and fit_call(write, None, "") == ("write", dict(write.arguments))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_teacher_trajectories_through_claude_code_use_its_own_tools_and_sft_trains_on_its_prompts(tiny_model: Path, tmp_path: Path) -> None:
+    """Teacher data collected through the real Claude Code binary: the family's calls are fitted to the
+    tools Claude Code offers (Bash; Write with an absolute file_path), every task is solved, and SFT
+    trains on trees whose prompts are Claude Code's own."""
+    from clawgym.rollout.harnesses import HARNESSES
+
+    if (why := HARNESSES["claude-code"]().missing()) is not None:
+        pytest.skip(why)
+    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
+    step = tmp_path / "sft"
+    summary = run_rollouts(RolloutConfig(
+        tasks=tmp_path / "tasks", harnesses=["claude-code"], out=step, n=1, concurrency=3, model=tiny_model,
+        engine="teacher", engine_options={"family": "lookup", "max_context": 65536}, timeout_s=300), Console(stderr=True))
+    assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
+    called = [(c["name"], tuple(sorted(c["arguments"]))) for line in (step / "transcripts.jsonl").read_text().splitlines()
+              for m in json.loads(line)["messages"] for c in m.get("tool_calls") or []]
+    assert sorted(set(called)) == [("Bash", ("command",)), ("Write", ("content", "file_path"))]
+    writes = [c["arguments"]["file_path"] for line in (step / "transcripts.jsonl").read_text().splitlines()
+              for m in json.loads(line)["messages"] for c in m.get("tool_calls") or [] if c["name"] == "Write"]
+    assert len(writes) == 3 and all(p.startswith("/") and p.endswith("/answer.txt") for p in writes)
+    run_build_trees(resolve_config(step, None, None, None, 64, step / "trees.metrics.jsonl", 0), Console(stderr=True))
+    res = train(TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model,
+                            out=tmp_path / "ckpt", metrics=tmp_path / "sft.jsonl", algo="sft", lr=3e-3, epochs=3, minibatches=1))
+    assert res.rollouts == 3
+    losses = [m.values["train/loss"] for m in A.read_metrics(tmp_path / "sft.jsonl")]
+    assert len(losses) == 3 and losses[-1] < losses[0] - 1.0, losses
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_teacher_answers_in_the_served_templates_own_call_form_smollm2(smollm2_model: Path, tmp_path: Path) -> None:

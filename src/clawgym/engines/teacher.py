@@ -19,22 +19,73 @@ finds no instruction of its family is an engine error naming the rollout, never 
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from pathlib import Path
+from typing import Any
 
 from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window
 from clawgym.engines.scripted import text_generation
 from clawgym.errors import UserError
+from clawgym.tasks.generated import ToolCall
 from clawgym.templates import assistant_completion, load_chat_template
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+_TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+_CWD = re.compile(r"(?:CWD|Working directory): *(/[^\s<]*)")  # Claude Code's system blocks arrive run together
+SHELLS = ("bash", "shell", "exec")
+"""tool names (up to case) the teacher may write a file with when the harness offers no write tool"""
 
 
 def read_prompt(text: str) -> tuple[str, list[str]]:
     """(the first user message that is not tool results, every tool result in order) of a ChatML prompt."""
     users = [u for u in _USER.findall(text) if not u.lstrip().startswith("<tool_response>")]
     return (users[0] if users else ""), _TOOL_RESPONSE.findall(text)
+
+
+def offered_tools(text: str) -> dict[str, set[str]] | None:
+    """{tool name: its parameter names} of the prompt's `<tools>` block (a JSON object a line), None without one."""
+    block = _TOOLS.search(text)
+    if block is None:
+        return None
+    tools: dict[str, set[str]] = {}
+    for line in block.group(1).splitlines():
+        try:
+            spec = json.loads(line)
+        except ValueError:
+            continue
+        fn = spec.get("function", spec) if isinstance(spec, dict) else {}
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            schema = fn.get("parameters") or fn.get("input_schema") or {}
+            tools[fn["name"]] = set(schema.get("properties") or {})
+    return tools
+
+
+def fit_call(call: ToolCall, tools: dict[str, set[str]] | None, text: str) -> tuple[str, dict[str, Any]]:
+    """The family's call in the form of the tools the harness offers (name, arguments).
+
+    A family names its tools as agentloop does (`bash` with `command`, `write` with `path` and
+    `content`); a harness may call them otherwise. The offered tool of the same name up to case is
+    used (Claude Code's `Bash`, `Write`), `path` becomes `file_path` where the tool takes that, made
+    absolute under the working directory the prompt names (Claude Code wants absolute paths), and a
+    write with no write tool offered is done by the shell tool. With no `<tools>` block, or no tool
+    that fits, the call goes out as the family made it.
+    """
+    if not tools:
+        return call.name, dict(call.arguments)
+    by_lower = {name.lower(): name for name in tools}
+    name, args = by_lower.get(call.name.lower()), dict(call.arguments)
+    if name is not None and "path" in args and "path" not in tools[name] and "file_path" in tools[name]:
+        path = args.pop("path")
+        cwd = _CWD.search(text)
+        args["file_path"] = str(Path(cwd.group(1)) / path) if cwd and not path.startswith("/") else path
+    if name is None and call.name == "write" and {"path", "content"} <= set(args):
+        shell = next((by_lower[s] for s in SHELLS if s in by_lower and "command" in tools[by_lower[s]]), None)
+        if shell is not None:
+            return shell, {"command": f"printf '%s' {shlex.quote(str(args['content']))} > {shlex.quote(str(args['path']))}"}
+    return name or call.name, args
 
 
 class TeacherEngine:
@@ -60,10 +111,12 @@ class TeacherEngine:
         return cls(config.model_dir, family, config.options.get("max_context"), config.chat_template)
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling, rollout_id: str = "") -> Generation:
-        instruction, results = read_prompt(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        instruction, results = read_prompt(prompt)
         try:
             reply = self.family.teach(instruction, results)
-            text = assistant_completion(self.tokenizer, reply.text, [(c.name, c.arguments) for c in reply.calls])
+            tools = offered_tools(prompt)
+            text = assistant_completion(self.tokenizer, reply.text, [fit_call(c, tools, prompt) for c in reply.calls])
         except ValueError as e:
             raise EngineError(f"teacher '{self.family.name}' cannot answer rollout '{rollout_id}': {e}") from None
         return text_generation(self.tokenizer, text, sampling, self.policy_version)
