@@ -21,7 +21,7 @@ class TrainConfig:
 
     trees: Path = option(help="trees.parquet of the step (docs/architecture.md)")
     rollouts: Path = option(help="rollouts.parquet of the step: rewards, groups, status")
-    model: Path = option(help="Policy checkpoint to start from (HF directory); its optimizer.pt and value/ are reused if present.")
+    model: Path = option(help="Policy checkpoint to start from (HF directory); its optimizer.pt (moments and step counts; the lr and other settings are this call's) and value/ are reused if present.")
     out: Path = option(help="Checkpoint directory to write (HF format + optimizer + trainer state).")
     algo: str = option("grpo", "grpo | ppo | sft.")
     metrics: Path | None = option(None, "train.jsonl to append to (default: beside trees.parquet).")
