@@ -19,7 +19,7 @@ from clawgym.artifacts import materialize_prompts
 from clawgym.errors import UserError
 from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 from clawgym.proxy.server import ProxyServer
-from clawgym.templates import SHIPPED, load_chat_template, shipped_template, tool_use_problems
+from clawgym.templates import SHIPPED, assistant_completion, load_chat_template, shipped_template, tool_use_problems
 
 FIXTURES = Path(__file__).parent / "fixtures" / "templates"
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -84,6 +84,28 @@ def test_smollm2_tools_renders_what_smollm2_renders_without_tools(tiny_tokenizer
                                                                 {"type": "function", "function": {"name": "exec", "arguments": '{"command": "pwd"}'}}]}]
     text = tiny_tokenizer.apply_chat_template(convos[0] + call, chat_template=shipped_template("smollm2-tools"), tokenize=False)
     assert '<|im_start|>assistant\n<tool_call>[{"name": "exec", "arguments": {"command": "ls"}}, {"name": "exec", "arguments": {"command": "pwd"}}]</tool_call><|im_end|>' in text
+
+
+def test_assistant_completion_is_what_the_model_generates_in_its_templates_call_form(tiny_tokenizer) -> None:
+    """The teacher's answer: the template's assistant turn after the generation prompt, through its end marker."""
+    tok = tiny_tokenizer.__class__.from_pretrained(tiny_tokenizer.name_or_path)
+    one, two = [("bash", {"command": "ls"})], [("bash", {"command": "ls"}), ("write", {"path": "a"})]
+    tok.chat_template = shipped_template("chatml-tools")
+    assert assistant_completion(tok, "", one) == '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
+    assert assistant_completion(tok, "done", []) == "done<|im_end|>"
+    tok.chat_template = shipped_template("smollm2-tools")
+    assert assistant_completion(tok, "", one) == '<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}]</tool_call><|im_end|>'
+    assert assistant_completion(tok, "hi", two) == ('hi\n<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}, '
+                                                   '{"name": "write", "arguments": {"path": "a"}}]</tool_call><|im_end|>')
+    tok.chat_template = fixture("qwen3.jinja")  # thinking on: the turn shows its (empty) think block
+    assert assistant_completion(tok, "done", []) == "<think>\n\n</think>\n\ndone<|im_end|>"
+    tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    with pytest.raises(ValueError, match="renders no assistant turn after its generation prompt"):
+        assistant_completion(tok, "done", [])
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(ValueError, match="has no end-of-turn marker"):
+        assistant_completion(tok, "done", [])
 
 
 def test_load_chat_template_errors(tmp_path) -> None:
