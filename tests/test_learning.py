@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 
 from clawgym import artifacts as A
+from clawgym.config import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "quickstart.toml"
 COLD_START = ("model-init", "sft", "checkpoints/sft", "eval/base", "eval/sft")
-STEPS = 6  # the recipe's
+STEPS = load_recipe(RECIPE).run.steps
 RL_FLOOR = 0.5
 """RL's held-out Pass@1 after STEPS, as a share of SFT's it must keep (docs/recipes.md: the measured runs)"""
 
