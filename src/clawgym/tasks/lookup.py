@@ -35,9 +35,9 @@ from clawgym.tasks.writer import TaskDraft
 KEYS = ("app", "csv", "data", "date", "item", "json", "line", "log", "note", "path", "row", "sum", "text",
         "time", "user", "week")
 ASKED = KEYS[:4]
-"""the keys an instruction asks for; the other twelve fill the files around them. A small random model
-learns to carry one of four keys from the instruction into its search within the quickstart's SFT
-budget, and not one of sixteen (docs/recipes.md, the quickstart's measured run)."""
+"""the keys an instruction asks for; the other twelve fill the files around them. The quickstart's
+small random model does not learn to copy the key within its SFT budget; with four to choose from its
+guess is right one time in four (docs/recipes.md, the quickstart's measured run)."""
 FILES = ("a.txt", "b.txt", "c.txt")
 LINES_PER_FILE = 2
 ANSWER = "answer.txt"
