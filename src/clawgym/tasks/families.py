@@ -20,10 +20,11 @@ from pathlib import Path
 from clawgym.errors import UserError
 from clawgym.tasks.generated import MAX_DRAWS, SPLITS, Drawn, Family, split_of
 from clawgym.tasks.lookup import LookupFamily
+from clawgym.tasks.scan import ScanFamily
 from clawgym.tasks.writer import write_task
 
 
-FAMILIES: dict[str, Family] = {"lookup": LookupFamily()}
+FAMILIES: dict[str, Family] = {"lookup": LookupFamily(), "scan": ScanFamily()}
 
 
 def get_family(name: str) -> Family:
