@@ -33,6 +33,9 @@ COLD_START = ("model-init", "sft", "checkpoints/sft", "eval/base", "eval/sft")
 STEPS = load_recipe(RECIPE).run.steps
 RL_FLOOR = 0.5
 """RL's held-out Pass@1 after STEPS, as a share of SFT's it must keep (docs/recipes.md: the measured runs)"""
+CONTENT_BLIND = 2 / 3
+"""the best held-out Pass@1 of a policy that writes a name whatever its reads showed: an answer (half)
+that is right one time in three"""
 
 
 def run(recipe: Path) -> subprocess.CompletedProcess:
@@ -85,8 +88,9 @@ def grpo_run(tmp_path_factory) -> Path:
 @pytest.mark.timeout(3000)  # ~9 min alone on 2 idle cores; a loaded machine needs several times that
 def test_the_quickstart_learns_tool_use_on_held_out_tasks(grpo_run: Path) -> None:
     scores = check_the_run(grpo_run, STEPS)
-    # the random policy never answers; the cold start teaches the calls and lifts held-out Pass@1
-    assert scores["base"] <= 0.05 and scores["sft"] >= scores["base"] + 0.25, scores
+    # the random policy never answers; the cold start teaches the calls and the decision: a policy
+    # that writes a name whatever its reads showed scores at most 2/3 (docs/tasks.md, `scan`)
+    assert scores["base"] <= 0.05 and scores["sft"] > CONTENT_BLIND, scores
     # RL keeps what SFT taught: an RL step that trained at a wrong rate brought held-out Pass@1 to 0
     assert scores[f"step-{STEPS:04d}"] >= RL_FLOOR * scores["sft"], scores
     teacher = A.read_table(grpo_run / "sft" / "rollouts.parquet", A.RolloutRecord)

@@ -459,7 +459,7 @@ def tasks_import(
 
 @tasks_app.command("make")
 def tasks_make(
-    family: str = typer.Argument(..., help="The task family: lookup."),
+    family: str = typer.Argument(..., help="The task family: lookup or scan (docs/tasks.md); an unknown name lists them."),
     dst: Path = typer.Argument(..., help="Folder to write the task folders into (one per task)."),
     n: int = typer.Option(..., "--n", help="How many tasks."),
     seed: int = typer.Option(0, "--seed", help="The generator's seed: the same family, seed and split give the same tasks."),
@@ -468,7 +468,7 @@ def tasks_make(
 ) -> None:
     """Generate native tasks of a family that needs tools, for training and held-out evaluation.
 
-    Example: clawgym tasks make lookup tasks/lookup-train --n 48 --seed 0 --split train
+    Example: clawgym tasks make scan tasks/scan-train --n 96 --seed 0 --split train
     """
     from clawgym.tasks.families import make_tasks
 

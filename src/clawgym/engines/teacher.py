@@ -107,7 +107,7 @@ class TeacherEngine:
     def from_config(cls, config: EngineConfig) -> "TeacherEngine":
         family = config.options.get("family")
         if not isinstance(family, str):
-            raise UserError("the teacher engine needs the option 'family' (a generated task family, e.g. lookup)")
+            raise UserError("the teacher engine needs the option 'family' (a generated task family, e.g. scan)")
         return cls(config.model_dir, family, config.options.get("max_context"), config.chat_template)
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling, rollout_id: str = "") -> Generation:
