@@ -241,22 +241,27 @@ n = 1
 
 def test_the_quickstart_recipe_loads_and_its_sft_section_round_trips() -> None:
     root = Path(__file__).resolve().parents[1]
+    tasks = root / "recipes" / "tasks"
     r = load_recipe(root / "recipes" / "quickstart.toml")
-    assert (r.sft.n, r.sft.family, r.model.init) == (1, "lookup", "small")
-    assert r.sft.tasks is None and r.rollout.tasks == root / "recipes" / "tasks" / "lookup" / "train"  # SFT and RL share the train split
+    assert (r.sft.n, r.sft.family, r.model.init) == (1, "scan", "small")
+    assert r.sft.tasks == tasks / "scan" / "demos" and r.rollout.tasks == tasks / "scan" / "train"
     assert 0 < r.rollout.tasks_per_step < 96
-    assert r.eval.tasks == root / "recipes" / "tasks" / "lookup" / "heldout" and r.eval.every > 0
+    assert r.eval.tasks == tasks / "scan" / "heldout" and r.eval.every > 0
     assert r.rollout.harness_options["agentloop"]["tools"] == ["bash", "write"]
     from clawgym.config import recipe_to_toml
 
     text = recipe_to_toml(r)
-    assert "[sft]" in text and 'family = "lookup"' in text
-    # the shipped train (SFT and RL) and held-out task sets: no held-out task's content is trained on
-    def contents(split: str) -> set[tuple]:
+    assert "[sft]" in text and 'family = "scan"' in text
+    # the shipped task sets: no held-out task's content is trained on, by SFT (the teacher's
+    # demonstrations, a few train tasks) or by RL; the lookup sets (the SmolLM2 recipe's) likewise
+    def contents(folder: Path) -> set[tuple]:
         return {((d / "instruction.md").read_text(), tuple((d / "workspace" / f).read_text() for f in ("a.txt", "b.txt", "c.txt")))
-                for d in (root / "recipes" / "tasks" / "lookup" / split).iterdir()}
+                for d in folder.iterdir()}
 
-    trained, heldout = contents("train"), contents("heldout")
+    demos, trained, heldout = (contents(tasks / "scan" / s) for s in ("demos", "train", "heldout"))
+    assert len(demos) == 6 and demos <= trained and len(trained) == 96 and len(heldout) == 48
+    assert not trained & heldout
+    trained, heldout = contents(tasks / "lookup" / "train"), contents(tasks / "lookup" / "heldout")
     assert len(heldout) == 48 and len(trained) == 96 and not trained & heldout
 
 
