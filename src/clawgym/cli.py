@@ -459,7 +459,7 @@ def tasks_import(
 
 @tasks_app.command("make")
 def tasks_make(
-    family: str = typer.Argument(..., help="The task family: lookup or scan (docs/tasks.md); an unknown name lists them."),
+    family: str = typer.Argument(..., help="A generated task family (docs/tasks.md describes each; an unknown name lists them)."),
     dst: Path = typer.Argument(..., help="Folder to write the task folders into (one per task)."),
     n: int = typer.Option(..., "--n", help="How many tasks."),
     seed: int = typer.Option(0, "--seed", help="The generator's seed: the same family, seed and split give the same tasks."),

@@ -1,4 +1,4 @@
-"""What a generated task family is: `Family` (draw a task, teach its solution), `Drawn`, `Reply`, and the split rule.
+"""What a generated task family is: `Family` (draw a task, teach its solution), `Drawn`, `Reply` (and `tool_call`, a reply of one call), and the split rule.
 
 Kept apart from the registry (families.py) so that family modules import this and the registry
 imports them, with no import circle.
@@ -45,6 +45,11 @@ class Reply:
 
     text: str = ""
     calls: tuple[ToolCall, ...] = field(default_factory=tuple)
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> Reply:
+    """A reply that is one tool call and no text (the served chat template decides how it reads)."""
+    return Reply(calls=(ToolCall(name, arguments),))
 
 
 class Family(Protocol):

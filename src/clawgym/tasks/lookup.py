@@ -27,7 +27,7 @@ import json
 import random
 import re
 
-from clawgym.tasks.generated import Drawn, Reply, ToolCall
+from clawgym.tasks.generated import Drawn, Reply, tool_call
 from clawgym.tasks.writer import TaskDraft
 
 # One token each in the init-model tokenizer, with and without a leading space; none is a substring
@@ -60,11 +60,6 @@ path = pathlib.Path("answer.txt")
 text = path.read_text(errors="replace").strip() if path.is_file() else ""
 print(json.dumps({"answered": bool(text), "correct": text == expected}))
 '''
-
-
-def tool_call(name: str, arguments: dict) -> Reply:
-    """A reply that is one tool call and no text (the served chat template decides how it reads)."""
-    return Reply(calls=(ToolCall(name, arguments),))
 
 
 class LookupFamily:

@@ -28,7 +28,7 @@ import json
 import random
 import re
 
-from clawgym.tasks.generated import Drawn, Reply, ToolCall
+from clawgym.tasks.generated import Drawn, Reply, tool_call
 from clawgym.tasks.lookup import ANSWER, CHECK_PY, KEYS
 from clawgym.tasks.writer import TaskDraft
 
@@ -77,9 +77,5 @@ class ScanFamily:
             else:
                 action, i = "write", len(FILES) - 1
         if action == "cat":
-            return _call("bash", {"command": f"cat {FILES[i]}"})
-        return _call("write", {"path": ANSWER, "content": FILES[i]})
-
-
-def _call(name: str, arguments: dict) -> Reply:
-    return Reply(calls=(ToolCall(name, arguments),))
+            return tool_call("bash", {"command": f"cat {FILES[i]}"})
+        return tool_call("write", {"path": ANSWER, "content": FILES[i]})
