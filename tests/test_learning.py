@@ -4,8 +4,8 @@
 `scan` family (read files with a tool until one shows an error line, then write its name;
 docs/tasks.md), held-out Pass@1 before the cold start, after it and during RL. The cold start is six
 teacher trajectories through the proxy and the agentloop harness, built into trees and trained on
-with SFT; then GRPO steps on tasks drawn from the train split, the policy reloaded into the proxy
-after each.
+with a short SFT that teaches the calls' form; then GRPO steps on tasks drawn from the train split,
+the policy reloaded into the proxy after each, do most of the learning.
 
 PPO runs on the same family as a second test. It starts from the GRPO run's cold start: the loop
 skips every cold-start stage whose output is complete (docs/recipes.md), so the copied stages are
@@ -31,11 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "quickstart.toml"
 COLD_START = ("model-init", "sft", "checkpoints/sft", "eval/base", "eval/sft")
 STEPS = load_recipe(RECIPE).run.steps
-RL_FLOOR = 0.5
-"""RL's held-out Pass@1 after STEPS, as a share of SFT's it must keep (docs/recipes.md: the measured runs)"""
-CONTENT_BLIND = 2 / 3
-"""the best held-out Pass@1 of a policy that writes a name whatever its reads showed: an answer (half)
-that is right one time in three"""
+GAIN = 0.05
+"""held-out Pass@1 RL must add to SFT's in STEPS. The recipe's target is 0.10 and the measured runs
+gained 0.14 to 0.21 (docs/recipes.md); the gate sits lower because the two evals it compares are 96
+samples each, whose difference has a standard deviation of about 0.06."""
 
 
 def run(recipe: Path) -> subprocess.CompletedProcess:
@@ -88,11 +87,9 @@ def grpo_run(tmp_path_factory) -> Path:
 @pytest.mark.timeout(3000)  # ~9 min alone on 2 idle cores; a loaded machine needs several times that
 def test_the_quickstart_learns_tool_use_on_held_out_tasks(grpo_run: Path) -> None:
     scores = check_the_run(grpo_run, STEPS)
-    # the random policy never answers; the cold start teaches the calls and the decision: a policy
-    # that writes a name whatever its reads showed scores at most 2/3 (docs/tasks.md, `scan`)
-    assert scores["base"] <= 0.05 and scores["sft"] > CONTENT_BLIND, scores
-    # RL keeps what SFT taught: an RL step that trained at a wrong rate brought held-out Pass@1 to 0
-    assert scores[f"step-{STEPS:04d}"] >= RL_FLOOR * scores["sft"], scores
+    # the random policy never answers; the short cold start teaches the calls' form, RL the rest
+    assert scores["base"] <= 0.05 and scores["sft"] > scores["base"], scores
+    assert scores[f"step-{STEPS:04d}"] >= scores["sft"] + GAIN, scores
     teacher = A.read_table(grpo_run / "sft" / "rollouts.parquet", A.RolloutRecord)
     assert len(teacher) == 6 and all(r.reward == 1.0 and "-train-" in r.task_id for r in teacher)
 
@@ -109,5 +106,5 @@ def test_ppo_on_the_same_family_from_the_same_cold_start(grpo_run: Path, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     scores = check_the_run(run_dir, STEPS)
     assert scores["sft"] == pass_at_1(grpo_run)["sft"]  # the copied cold start was not run again
-    assert scores[f"step-{STEPS:04d}"] >= RL_FLOOR * scores["sft"], scores
+    assert scores[f"step-{STEPS:04d}"] >= scores["sft"] + GAIN, scores
     assert (run_dir / "checkpoints" / f"step-{STEPS:04d}" / "value" / "value_head.safetensors").exists()
