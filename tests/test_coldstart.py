@@ -39,7 +39,7 @@ def test_the_teacher_reads_the_rendered_prompt_and_answers_in_the_served_tokeniz
         "name": "bash", "arguments": json.dumps({"command": "grep -h log= *"})}}]},
              {"role": "tool", "tool_call_id": "c1", "content": "exit code 0\nlog=7\n"}]
     prompt = render(tok, msgs)
-    assert read_prompt(tok.decode(prompt)) == (instruction, ["exit code 0\nlog=7\n"])
+    assert read_prompt(tok.decode(prompt)) == ([instruction], ["exit code 0\nlog=7\n"])
     gen = asyncio.run(engine.generate(prompt, Sampling(max_tokens=64), "r1"))
     # The init-model template's own (Hermes) call form, then its end of turn.
     hermes = '<tool_call>\n{"name": "write", "arguments": {"path": "answer.txt", "content": "7"}}\n</tool_call>'
@@ -97,6 +97,9 @@ def test_the_teacher_fits_its_calls_to_the_tools_the_harness_offers() -> None:
     assert fit_call(ToolCall("bash", {"command": "ls"}), offered_tools(claude), claude) == ("Bash", {"command": "ls"})
     shell_only = tools_block(("shell", ["command"]))
     assert fit_call(write, offered_tools(shell_only), shell_only) == ("shell", {"command": "printf '%s' 'it'\"'\"'s 4' > answer.txt"})
+    codex = tools_block(("exec_command", ["cmd", "workdir"]), ("write_stdin", ["chars"]))
+    assert fit_call(ToolCall("bash", {"command": "cat a.txt"}), offered_tools(codex), codex) == ("exec_command", {"cmd": "cat a.txt"})
+    assert fit_call(write, offered_tools(codex), codex) == ("exec_command", {"cmd": "printf '%s' 'it'\"'\"'s 4' > answer.txt"})
     agentloop = tools_block(("bash", ["command"]), ("write", ["path", "content"]))
     assert fit_call(write, offered_tools(agentloop), agentloop) == ("write", dict(write.arguments))
     assert offered_tools("no tools here") is None and fit_call(write, None, "") == ("write", dict(write.arguments))
@@ -129,6 +132,27 @@ def test_teacher_trajectories_through_claude_code_use_its_own_tools_and_sft_trai
     assert res.rollouts == 3
     losses = [m.values["train/loss"] for m in A.read_metrics(tmp_path / "sft.jsonl")]
     assert len(losses) == 3 and losses[-1] < losses[0] - 1.0, losses
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_teacher_trajectories_through_codex_use_its_shell_tool(tiny_model: Path, tmp_path: Path) -> None:
+    """Teacher data collected through the real Codex binary: Codex's `exec_command` (parameter `cmd`)
+    carries both the search and the write, and every task is solved."""
+    from clawgym.rollout.harnesses import HARNESSES
+
+    if (why := HARNESSES["codex"]().missing()) is not None:  # scripts/install.sh dev installs it: CI runs this test
+        pytest.skip(why)
+    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
+    step = tmp_path / "sft"
+    summary = run_rollouts(RolloutConfig(
+        tasks=tmp_path / "tasks", harnesses=["codex"], out=step, n=1, concurrency=3, model=tiny_model,
+        engine="teacher", engine_options={"family": "lookup", "max_context": 65536}, timeout_s=300), Console(stderr=True))
+    assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
+    called = [c for line in (step / "transcripts.jsonl").read_text().splitlines()
+              for m in json.loads(line)["messages"] for c in m.get("tool_calls") or []]
+    assert {c["name"] for c in called} == {"exec_command"} and len(called) == 6
+    assert sum(c["arguments"]["cmd"].startswith("printf ") for c in called) == 3
 
 
 @pytest.mark.slow

@@ -13,8 +13,12 @@ init-model's Hermes `<tool_call>{...}</tool_call>`, SmolLM2's `<tool_call>[...]<
 the trees, packing and `train --algo sft` see nothing different from a real teacher.
 
 The teacher reads ChatML prompts (`<|im_start|>user ... <|im_end|>`, tool results in
-`<tool_response>` blocks): the init-model template, Qwen3 and SmolLM2 use them. A prompt in which it
-finds no instruction of its family is an engine error naming the rollout, never a made-up answer.
+`<tool_response>` blocks): the init-model template, Qwen3 and SmolLM2 use them. The instruction is
+the first user message the family recognises (Codex sends an `<environment_context>` user message
+before the task's), and a tool result loses the header a harness puts before the command's output
+(Codex's `Chunk ID: ... Output:` lines), so the family reads what the command printed. A prompt in
+which it finds no instruction of its family is an engine error naming the rollout, never a made-up
+answer.
 """
 
 from __future__ import annotations
@@ -35,14 +39,21 @@ _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _CWD = re.compile(r"(?:CWD|Working directory): *(/[^\s<]*)")  # Claude Code's system blocks arrive run together
-SHELLS = ("bash", "shell", "exec")
-"""tool names (up to case) the teacher may write a file with when the harness offers no write tool"""
+_OUTPUT_HEADER = re.compile(r"\A(?:Chunk ID: .*\n)?Wall time: .*\n(?:Process exited with code .*\n)?(?:Original token count: .*\n)?Output:\n")
+"""the lines Codex's exec_command puts before a command's output (docs/harnesses.md, "codex")"""
+SHELLS = ("bash", "shell", "exec", "exec_command")
+"""tool names (up to case) that run a shell command: the teacher's `bash` calls, and its writes when the
+harness offers no write tool, go to the first offered one"""
+COMMAND_PARAMS = ("command", "cmd")
+"""a shell tool's parameter for the command line (agentloop and Claude Code: command; Codex: cmd)"""
 
 
-def read_prompt(text: str) -> tuple[str, list[str]]:
-    """(the first user message that is not tool results, every tool result in order) of a ChatML prompt."""
+def read_prompt(text: str) -> tuple[list[str], list[str]]:
+    """(the user messages that are not tool results, every tool result in order) of a ChatML prompt.
+
+    A tool result loses a harness's header before the command's output (`_OUTPUT_HEADER`)."""
     users = [u for u in _USER.findall(text) if not u.lstrip().startswith("<tool_response>")]
-    return (users[0] if users else ""), _TOOL_RESPONSE.findall(text)
+    return users, [_OUTPUT_HEADER.sub("", r, count=1) for r in _TOOL_RESPONSE.findall(text)]
 
 
 def offered_tools(text: str) -> dict[str, set[str]] | None:
@@ -69,9 +80,10 @@ def fit_call(call: ToolCall, tools: dict[str, set[str]] | None, text: str) -> tu
     A family names its tools as agentloop does (`bash` with `command`, `write` with `path` and
     `content`); a harness may call them otherwise. The offered tool of the same name up to case is
     used (Claude Code's `Bash`, `Write`), `path` becomes `file_path` where the tool takes that, made
-    absolute under the working directory the prompt names (Claude Code wants absolute paths), and a
-    write with no write tool offered is done by the shell tool. With no `<tools>` block, or no tool
-    that fits, the call goes out as the family made it.
+    absolute under the working directory the prompt names (Claude Code wants absolute paths). A
+    `bash` call goes to the offered shell tool when there is no `bash` (Codex's `exec_command`, whose
+    command parameter is `cmd`), and a write with no write tool offered is done by the shell tool.
+    With no `<tools>` block, or no tool that fits, the call goes out as the family made it.
     """
     if not tools:
         return call.name, dict(call.arguments)
@@ -81,11 +93,23 @@ def fit_call(call: ToolCall, tools: dict[str, set[str]] | None, text: str) -> tu
         path = args.pop("path")
         cwd = _CWD.search(text)
         args["file_path"] = str(Path(cwd.group(1)) / path) if cwd and not path.startswith("/") else path
-    if name is None and call.name == "write" and {"path", "content"} <= set(args):
-        shell = next((by_lower[s] for s in SHELLS if s in by_lower and "command" in tools[by_lower[s]]), None)
-        if shell is not None:
-            return shell, {"command": f"printf '%s' {shlex.quote(str(args['content']))} > {shlex.quote(str(args['path']))}"}
+    if name is None and (shell := _shell_tool(tools, by_lower)) is not None:
+        tool, param = shell
+        if call.name == "bash" and "command" in args:
+            return tool, {param: args["command"]}
+        if call.name == "write" and {"path", "content"} <= set(args):
+            return tool, {param: f"printf '%s' {shlex.quote(str(args['content']))} > {shlex.quote(str(args['path']))}"}
     return name or call.name, args
+
+
+def _shell_tool(tools: dict[str, set[str]], by_lower: dict[str, str]) -> tuple[str, str] | None:
+    """(name, command parameter) of the first offered shell tool (`SHELLS`), None without one."""
+    for s in SHELLS:
+        if s in by_lower:
+            param = next((p for p in COMMAND_PARAMS if p in tools[by_lower[s]]), None)
+            if param is not None:
+                return by_lower[s], param
+    return None
 
 
 class TeacherEngine:
@@ -112,14 +136,25 @@ class TeacherEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling, rollout_id: str = "") -> Generation:
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        instruction, results = read_prompt(prompt)
+        users, results = read_prompt(prompt)
         try:
-            reply = self.family.teach(instruction, results)
+            reply = self._teach(users, results)
             tools = offered_tools(prompt)
             text = assistant_completion(self.tokenizer, reply.text, [fit_call(c, tools, prompt) for c in reply.calls])
         except ValueError as e:
             raise EngineError(f"teacher '{self.family.name}' cannot answer rollout '{rollout_id}': {e}") from None
         return text_generation(self.tokenizer, text, sampling, self.policy_version)
+
+    def _teach(self, users: list[str], results: list[str]):
+        """The family's answer to the first user message it takes for its instruction."""
+        first: ValueError | None = None
+        for instruction in users or [""]:
+            try:
+                return self.family.teach(instruction, results)
+            except ValueError as e:
+                first = first or e
+        assert first is not None
+        raise first
 
     async def reload(self, checkpoint_dir: Path) -> int:
         raise EngineError("the teacher engine serves a fixed solver; it has no weights to reload")
