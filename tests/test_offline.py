@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from clawgym import artifacts as A
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout
-from clawgym.offline import change_line, comparison, main, parse_overrides, replay, run_steps
+from clawgym.offline import change_line, comparison, main, parse_overrides, run_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = Console(stderr=True, quiet=True)
@@ -75,7 +75,7 @@ def make_run(root: Path, batches: list[Path], model: Path, algo: str) -> RunLayo
         for name in ("trees.parquet", "rollouts.parquet"):
             shutil.copy2(batch / name, sdir.path / name)
         train(TrainConfig(trees=sdir.trees, rollouts=sdir.rollouts, model=policy, out=sdir.checkpoint, algo=algo,
-                          lr=0.01, value_lr=0.01, minibatches=2, epochs=2 if algo == "ppo" else 1, seed=step,
+                          lr=0.01, value_lr=0.01, minibatches=2, seed=step,
                           resume=True), QUIET)
         policy = sdir.checkpoint
     return run
@@ -130,9 +130,12 @@ def test_grpo_replay_at_the_runs_settings_writes_the_runs_checkpoints_and_an_lr_
     for r in rows:
         assert [float(x) for x in r[2::2]] == pytest.approx([float(x) for x in r[3::2]], rel=1e-4, abs=1e-6)
 
-    # lr=0.05: the one line names the change, the replay's step 1 moves off the run's, every other setting stays.
-    assert main([str(run.root), "lr=0.05"]) == 0
-    printed = capsys.readouterr().out
+    # LR=0.05 through the script: the one line names the change, the replay's step 1 moves off the
+    # run's, every other setting stays.
+    r = subprocess.run(["bash", str(ROOT / "recipes" / "retrain-offline.sh")], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "FROM": str(run.root), "LR": "0.05"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = r.stdout
     other = RunLayout(f"{run.root}-lr0.05")
     assert printed.splitlines()[0] == f"replay of {run.root}: changes lr 0.01 → 0.05; every other train setting as the run recorded"
     assert_moved(run.step(1).checkpoint, other.step(1).checkpoint)
@@ -140,11 +143,6 @@ def test_grpo_replay_at_the_runs_settings_writes_the_runs_checkpoints_and_an_lr_
     assert (cfg["minibatches"], cfg["lr"], cfg["seed"]) == (2, 0.05, 2)
     assert f"run: {run.root} (grpo, lr 0.01," in printed and f"replay: {other.root} (grpo, lr 0.05," in printed
 
-    # minibatches=1 makes one update per step where the run made two: the table compares per step.
-    replay(run.root, tmp_path / "mb1", parse_overrides(["minibatches=1"]), console=QUIET)
-    table = comparison(run.root, tmp_path / "mb1")
-    assert "per step: each figure is the mean over the step's updates" in table
-    assert [line.split()[:2] for line in table.splitlines() if line.startswith("step-0")] == [["step-0001", "2/1"], ["step-0002", "2/1"]]
 
 
 @pytest.mark.slow
@@ -164,7 +162,7 @@ def test_ppo_offline_recipe_replays_policy_value_model_and_both_optimizers(batch
     for step in (1, 2):
         assert_same(run.step(step).checkpoint, again.step(step).checkpoint)
         cfg = json.loads((again.step(step).checkpoint / "train_config.json").read_text())
-        assert (cfg["algo"], cfg["minibatches"], cfg["epochs"], cfg["value_lr"], cfg["seed"]) == ("ppo", 2, 2, 0.01, step)
+        assert (cfg["algo"], cfg["minibatches"], cfg["value_lr"], cfg["seed"]) == ("ppo", 2, 0.01, step)
     assert "per update" in comparison(run.root, again.root)
 
 
@@ -211,8 +209,18 @@ def test_the_change_line_and_the_table_from_recorded_files(tmp_path: Path) -> No
     assert lines[0] == f"run: {run.root} (grpo, lr 0.03, 1 epoch(s) × 2 minibatch(es))"
     assert lines[1] == f"replay: {other.root} (grpo, lr 0.03, 1 epoch(s) × 2 minibatch(es))"
     rows = [line.split() for line in lines if line.startswith("step-0")]
+    assert lines[2] == "per update: each row is one optimizer step of each"
     assert rows[1][:4] == ["step-0001", "2", "0.25", "0.125"]
     assert len(rows) == 4
+    # minibatches = 1 made one update per step where the run made two: the table compares per step, means of the updates.
+    fewer = RunLayout(tmp_path / "fewer")
+    for step in (1, 2):
+        fake_step(fewer, step, {**base, "seed": step, "minibatches": 1}, [0.5])
+    lines = comparison(run.root, fewer.root, ("a", "b")).splitlines()
+    assert lines[2] == "per step: each figure is the mean over the step's updates (the two made different numbers of updates)"
+    assert lines[3].split()[:4] == ["step", "updates", "a", "loss"]
+    assert [line.split()[:4] for line in lines if line.startswith("step-0")] == [["step-0001", "2/1", "0.375", "0.5"],
+                                                                                 ["step-0002", "2/1", "0.375", "0.5"]]
 
 
 def test_the_replay_refuses_what_it_cannot_do(tmp_path: Path, capsys) -> None:

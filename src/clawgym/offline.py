@@ -119,7 +119,7 @@ def start_policy(run: RunLayout) -> Path:
     """The policy the run's step 1 started from (its recorded `model`)."""
     path = Path(str(recorded(run, 1)["model"]))
     if not (path / "config.json").exists():
-        raise UserError(f"{path}: the run's starting policy is gone; give the replay a starting policy (--model / MODEL=)")
+        raise UserError(f"{path}: the run's starting policy is gone; give the replay a starting policy (MODEL= for retrain-offline.sh, --model, or [model] in an [offline] recipe)")
     return path
 
 
