@@ -141,6 +141,12 @@ def test_grpo_replay_at_the_runs_settings_writes_the_runs_checkpoints_and_an_lr_
     assert_moved(run.step(1).checkpoint, other.step(1).checkpoint)
     cfg = json.loads((other.step(2).checkpoint / "train_config.json").read_text())
     assert (cfg["minibatches"], cfg["lr"], cfg["seed"]) == (2, 0.05, 2)
+    # Rerunning the same replay resumes (nothing to train); another rate into the same folder is refused.
+    assert main([str(run.root), str(other.root), "lr=0.05"]) == 0
+    assert capsys.readouterr().err.count("already complete") == 2
+    assert main([str(run.root), str(other.root), "lr=0.02"]) == 1
+    assert capsys.readouterr().err.strip() == (f"error: {other.step(1).checkpoint} was trained with other settings (lr 0.05); "
+                                               "choose another output folder or remove it")
     assert f"run: {run.root} (grpo, lr 0.01," in printed and f"replay: {other.root} (grpo, lr 0.05," in printed
 
 
@@ -244,3 +250,16 @@ def test_the_replay_refuses_what_it_cannot_do(tmp_path: Path, capsys) -> None:
     r = subprocess.run([sys.executable, "-m", "clawgym.offline", str(tmp_path / "gone"), "epochs=x"], capture_output=True,
                        text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
     assert r.returncode == 1 and r.stderr == "error: train setting 'epochs' must be int, got 'x'\n"
+
+
+def test_an_offline_recipe_may_leave_the_model_to_the_run_and_no_other_may(tmp_path: Path) -> None:
+    from clawgym.config import load_recipe
+
+    (tmp_path / "runs" / "done").mkdir(parents=True)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[run]\nname = "again"\nsteps = 1\n\n[offline]\nfrom_run = "runs/done"\n\n[train]\nlr = 0.1\n')
+    r = load_recipe(recipe)
+    assert r.model.path is None and r.model.init is None and r.train == {"lr": 0.1}
+    recipe.write_text('[run]\nname = "fresh"\n\n[rollout]\ntasks = "runs"\n')
+    with pytest.raises(UserError, match=r"\[model\]: give exactly one of 'path' .* an \[offline\] recipe may give neither"):
+        load_recipe(recipe)

@@ -267,7 +267,8 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     where = str(r.path)
     if r.model.path is not None and r.model.init is not None or (r.model.path is None and r.model.init is None
                                                                    and r.offline.from_run is None):
-        raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small | a pretrained name); an [offline] recipe may give neither")
+        raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small | a pretrained name)"
+                        "; an [offline] recipe may give neither")
     if r.model.init is not None and r.model.init not in (*SIZES, *PRETRAINED):
         raise UserError(f"{where} [model] key 'init': unknown '{r.model.init}'; choose a size ({', '.join(SIZES)}) "
                         f"or a pretrained model ({', '.join(PRETRAINED)})")

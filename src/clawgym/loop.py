@@ -102,7 +102,7 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
             from clawgym.offline import change_line, run_steps
 
             console.print(change_line(RunLayout(recipe.offline.from_run), run_steps(RunLayout(recipe.offline.from_run))[:recipe.run.steps],
-                                      recipe.train, None if recipe.model.init is None else policy), highlight=False, soft_wrap=True)
+                                      recipe.train, None if recipe.model.path is None and recipe.model.init is None else policy), highlight=False, soft_wrap=True)
         if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
             from clawgym.coldstart import cold_start, sft_values
 

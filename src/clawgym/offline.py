@@ -168,8 +168,15 @@ def replay(run_dir: Path, out: Path, overrides: dict[str, Any], *, model: Path |
     for step in steps:
         src, sdir = run.step(step), dest.step(step)
         sdir.path.mkdir(parents=True, exist_ok=True)
+        settings = train_kwargs(run, step, overrides)
+        if (sdir.checkpoint / "train_config.json").is_file():  # a rerun resumes only the same replay
+            before = train_kwargs(dest, step, {})
+            differ = sorted(k for k in settings if _show(before.get(k)) != _show(settings[k]))
+            if differ:
+                raise UserError(f"{sdir.checkpoint} was trained with other settings ({', '.join(f'{k} {_show(before.get(k))}' for k in differ)}); "
+                                f"choose another output folder or remove it")
         cfg = TrainConfig(trees=src.trees, rollouts=src.rollouts, model=policy, out=sdir.checkpoint,
-                          metrics=sdir.train_metrics, resume=True, **train_kwargs(run, step, overrides))
+                          metrics=sdir.train_metrics, resume=True, **settings)
         train(cfg, console)
         policy = sdir.checkpoint
         written.append(sdir.checkpoint)
