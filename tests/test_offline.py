@@ -263,3 +263,24 @@ def test_an_offline_recipe_may_leave_the_model_to_the_run_and_no_other_may(tmp_p
     recipe.write_text('[run]\nname = "fresh"\n\n[rollout]\ntasks = "runs"\n')
     with pytest.raises(UserError, match=r"\[model\]: give exactly one of 'path' .* an \[offline\] recipe may give neither"):
         load_recipe(recipe)
+
+
+def test_recorded_settings_fall_back_to_the_runs_recipe(tmp_path: Path) -> None:
+    from clawgym.offline import recorded, train_kwargs
+
+    run = RunLayout(tmp_path / "run")
+    run.step(1).path.mkdir(parents=True)
+    run.recipe.write_text('[run]\nseed = 3\n\n[train]\nlr = 0.2\nminibatches = 2\ntoken_budget = 4096\n')
+    got = recorded(run, 1)
+    assert (got["lr"], got["minibatches"], got["seed"], got["epochs"], got["model"]) == (0.2, 2, 4, 1, str(run.model_init))
+    assert recorded(run, 2)["model"] == str(run.step(1).checkpoint) and recorded(run, 2)["seed"] == 5
+    # A train_config.json written when numbers under secret-looking names were redacted: the recipe's value.
+    run.step(1).checkpoint.mkdir(parents=True)
+    (run.step(1).checkpoint / "train_config.json").write_text(json.dumps({"lr": 0.5, "token_budget": "<redacted>", "seed": 9}))
+    assert train_kwargs(run, 1, {"algo": "ppo"}) == {**train_kwargs(run, 1, {}), "algo": "ppo"}
+    kw = train_kwargs(run, 1, {})
+    assert (kw["lr"], kw["token_budget"], kw["seed"], kw["minibatches"]) == (0.5, 4096, 9, 1)
+    assert "model" not in kw and "out" not in kw
+    run.recipe.unlink()
+    with pytest.raises(UserError, match="step 2 has no checkpoints/step-0002/train_config.json and the run no recipe.toml"):
+        recorded(run, 2)
