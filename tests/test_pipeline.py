@@ -227,12 +227,14 @@ def test_pipeline_stops_cleanly_resumes_and_learns_like_clawgym_run(tmp_path: Pa
                        env={**OFFLINE, "FROM": str(run_dir), "LR": "0.01"})
     assert r.returncode == 0, r.stderr[-3000:]
     replay = tmp_path / "pipeline-lr0.01"
-    header, *rows = [line.split() for line in r.stdout.splitlines() if line.startswith("step")]
-    assert header[:3] == ["step", "loss", "@0.03"] and [row[0] for row in rows] == ["step-0001", "step-0002"]
+    out = r.stdout.splitlines()
+    assert out[0] == f"replay of {run_dir}: changes lr 0.03 → 0.01; every other train setting as the run recorded"
+    header, *rows = [line.split() for line in out if line.startswith("step")]
+    assert header[:6] == ["step", "update", "run", "loss", "replay", "loss"] and [row[0] for row in rows] == ["step-0001", "step-0002"]
     for step in (1, 2):
         config = orjson.loads((replay / "checkpoints" / f"step-{step:04d}" / "train_config.json").read_bytes())
         assert config["lr"] == 0.01 and config["seed"] == step and config["trees"] == str(run_dir / f"step-{step:04d}" / "trees.parquet")
     # Step 1 trains the same policy on the same batch with the same seed: the first update's loss,
     # entropy and |Δlogp| (all computed before the optimizer moves) are the run's.
-    step1 = rows[0][1:]
+    step1 = rows[0][2:]
     assert step1[0::2] == step1[1::2], r.stdout

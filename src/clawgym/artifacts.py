@@ -377,10 +377,11 @@ _SECRET_KEYS = ("api_key", "token", "secret", "password")
 
 
 def redact(value: Any) -> Any:
-    """A copy with the values of secret-looking keys (api_key, *token*, ...) replaced: configs are
-    shared and committed, keys must never be."""
+    """A copy with the string values of secret-looking keys (api_key, *token*, ...) replaced: configs are
+    shared and committed, keys must never be. A number is no secret (token_budget stays readable)."""
     if isinstance(value, dict):
-        return {k: "<redacted>" if v and any(s in str(k).lower() for s in _SECRET_KEYS) else redact(v) for k, v in value.items()}
+        return {k: "<redacted>" if v and isinstance(v, str) and any(s in str(k).lower() for s in _SECRET_KEYS) else redact(v)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     return value

@@ -129,7 +129,9 @@ class LogSection:
 
 @dataclass
 class OfflineSection:
-    from_run: Path | None = option(None, "train on this finished run's saved trees instead of collecting rollouts")
+    from_run: Path | None = option(None, "train on this finished run's saved trees instead of collecting rollouts, each step "
+                                         "with the train settings that run recorded for it ([train] keys change them; without "
+                                         "[model], from the run's own starting policy)")
 
 
 @dataclass
@@ -263,8 +265,10 @@ def _resolve_paths(r: Recipe) -> None:
 
 def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     where = str(r.path)
-    if (r.model.path is None) == (r.model.init is None):
-        raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small | a pretrained name)")
+    if r.model.path is not None and r.model.init is not None or (r.model.path is None and r.model.init is None
+                                                                   and r.offline.from_run is None):
+        raise UserError(f"{where} [model]: give exactly one of 'path' (an HF model dir) or 'init' (tiny | small | a pretrained name)"
+                        "; an [offline] recipe may give neither")
     if r.model.init is not None and r.model.init not in (*SIZES, *PRETRAINED):
         raise UserError(f"{where} [model] key 'init': unknown '{r.model.init}'; choose a size ({', '.join(SIZES)}) "
                         f"or a pretrained model ({', '.join(PRETRAINED)})")

@@ -44,6 +44,10 @@ def _complete_checkpoint(path: Path) -> bool:
 def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
     if recipe.model.path is not None:
         return recipe.model.path
+    if recipe.model.init is None:  # an [offline] recipe without [model]: where the replayed run started
+        from clawgym.offline import start_policy
+
+        return start_policy(RunLayout(recipe.offline.from_run))
     path = run.model_init
     if not (path / "config.json").exists():
         from clawgym.model import init_model
@@ -94,6 +98,11 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
 
     try:
         policy = _initial_policy(recipe, run)
+        if recipe.offline.from_run is not None and first <= recipe.run.steps:
+            from clawgym.offline import change_line, run_steps
+
+            console.print(change_line(RunLayout(recipe.offline.from_run), run_steps(RunLayout(recipe.offline.from_run))[:recipe.run.steps],
+                                      recipe.train, None if recipe.model.path is None and recipe.model.init is None else policy), highlight=False, soft_wrap=True)
         if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
             from clawgym.coldstart import cold_start, sft_values
 
@@ -208,6 +217,10 @@ def _train_step(recipe: Recipe, sdir: StepLayout, policy: Path, step: int, stage
     from clawgym.train.loop import TrainConfig, train
 
     kwargs = {"seed": recipe.run.seed + step, **recipe.train}
+    if recipe.offline.from_run is not None:  # the from_run step's recorded settings, changed only where [train] says
+        from clawgym.offline import train_kwargs
+
+        kwargs = train_kwargs(RunLayout(recipe.offline.from_run), step, recipe.train)
     # A batch with nothing to learn (every group flat) still writes the unchanged policy, so the
     # loop goes on; a batch with no trainable token at all (every rollout failed) stops the run.
     result = train(TrainConfig(trees=sdir.trees, rollouts=sdir.rollouts, model=policy, out=sdir.checkpoint,
