@@ -8,8 +8,9 @@
 # host's networking alone: no iptables rules, no IP forwarding, no docker0 bridge (sandboxes run
 # with --network none). Its state lives in its own data-root, pidfile and exec-root.
 # The base image ($CLAWGYM_BASE_IMAGE, default clawgym-base:bookworm) is a Debian minbase made by
-# debootstrap from the mirror apt uses (about 2 minutes, 230 MB), with python3 for the agents' tasks;
-# the rootfs tarball is cached so a rebuild takes seconds. docs/harnesses.md, "Sandboxes".
+# debootstrap from the mirror apt uses (about 2 minutes, 230 MB): bash and coreutils for the agents;
+# the runner's Python and the harnesses are mounted in by the sandbox. The rootfs tarball is
+# cached, so a rebuild takes seconds. docs/harnesses.md, "Sandboxes".
 set -euo pipefail
 export DOCKER_HOST="${DOCKER_HOST:-unix:///var/run/docker.sock}"
 IMAGE="${CLAWGYM_BASE_IMAGE:-clawgym-base:bookworm}"
@@ -61,7 +62,7 @@ build_image() {
         local dir
         dir=$(mktemp -d /var/tmp/clawgym-rootfs.XXXXXX)
         say "building $IMAGE: debootstrap minbase bookworm from $(mirror)"
-        debootstrap --variant=minbase --include=python3-minimal bookworm "$dir" "$(mirror)" >"$CACHE.debootstrap.log" 2>&1 \
+        debootstrap --variant=minbase bookworm "$dir" "$(mirror)" >"$CACHE.debootstrap.log" 2>&1 \
             || { say "debootstrap failed; see $CACHE.debootstrap.log"; rm -rf "$dir"; exit 1; }
         rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
         mkdir -p "$CACHE"

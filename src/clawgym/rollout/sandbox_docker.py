@@ -168,6 +168,14 @@ class DockerSandbox:
         for d in (self.tests, self.logs, self.harbor_logs / "verifier", self.harbor_logs / "agent", self.net, self.files, self.home):
             d.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(RELAY, self.net / "relay.py")
+        # /sandbox/bin, first on PATH: `python3` and `python` are the runner's Python, as on the host
+        # (the verifier and the agents' tools use them), and `node` the host's
+        self.bin = self.root / "bin"
+        self.bin.mkdir()
+        for name in ("python3", "python"):
+            (self.bin / name).write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+            (self.bin / name).chmod(0o755)
+        (self.bin / "node").touch()  # the mount point of the host's node
         self.blackhole = BlackHole()
         self._servers.append(self.blackhole)
         self._forwards = self._bridge("b.sock", self.blackhole.port, tcp=("127.0.0.1", self.blackhole.port))
@@ -177,6 +185,7 @@ class DockerSandbox:
         self._inside = [(self.workspace, self.config.workdir), (self.tests, "/tests"), (self.harbor_logs, "/logs")]
         self._inside += [(d, f"{INSIDE}/{d.name}") for d in (self.net, self.files, self.home, self.logs)]
         volumes = {str(h): {"bind": c, "mode": "rw"} for h, c in self._inside}
+        volumes[str(self.bin)] = {"bind": f"{INSIDE}/bin", "mode": "ro"}
         volumes.update({h: {"bind": c, "mode": "ro"} for h, c in runtime_mounts().items()})
         lim = self.config.limits
         try:
