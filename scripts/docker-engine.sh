@@ -30,7 +30,9 @@ install_engine() {
         say "dockerd is not installed; install docker.io (Debian) or Docker Engine as root"; exit 1
     fi
     say "installing docker.io (apt)"
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+    # another apt (scripts/install.sh, run alongside by CI) may hold the lists' lock for a moment
+    for _ in 1 2 3 4 5; do apt-get update -qq -o DPkg::Lock::Timeout=300 && break; sleep 10; done
+    apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends docker.io >/dev/null
 }
 
 start_engine() {
@@ -58,7 +60,7 @@ build_image() {
     if docker image inspect "$IMAGE" >/dev/null 2>&1; then say "image $IMAGE present"; return; fi
     local tarball="$CACHE/${IMAGE//[:\/]/_}.tar"
     if [ ! -s "$tarball" ]; then
-        command -v debootstrap >/dev/null || { say "installing debootstrap (apt)"; apt-get install -y -qq --no-install-recommends debootstrap >/dev/null; }
+        command -v debootstrap >/dev/null || { say "installing debootstrap (apt)"; apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends debootstrap >/dev/null; }
         local dir
         dir=$(mktemp -d /var/tmp/clawgym-rootfs.XXXXXX)
         say "building $IMAGE: debootstrap minbase bookworm from $(mirror)"

@@ -26,7 +26,7 @@ python3 -c "import torch, clawgym; print(f'[install] clawgym {clawgym.__version_
 if ! command -v bwrap >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "[install] bubblewrap (apt)"
-        (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: rollouts need --sandbox docker"
+        (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: rollouts need --sandbox docker"
     else
         echo "[install] bubblewrap missing: install it (e.g. sudo apt-get install bubblewrap), or roll out with --sandbox docker"
     fi
