@@ -134,3 +134,17 @@ def test_claude_code_rollouts_in_docker_share_their_first_prompt(tmp_path: Path,
     assert [(rows[k].status, rows[k].reward, rows[k].n_calls) for k in sorted(rows)] == [("ok", 1.0, 2), ("ok", 0.5, 2)], rows
     prompts = first_prompts(tmp_path / "out")
     assert len(prompts) == 2 and prompts["hello.claude-code.0"] == prompts["hello.claude-code.1"]
+
+
+def test_run_refuses_before_writing_anything(tmp_path: Path, no_bwrap: Path) -> None:
+    """README command 1's `clawgym run recipes/quickstart.toml` on a machine without bubblewrap."""
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    text = (recipes / "quickstart.toml").read_text().replace('"tasks/', f'"{recipes}/tasks/')
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "quickstart.toml"
+    recipe.write_text(text.replace("[run]\n", f'[run]\ndir = "{run_dir}"\n', 1))
+    r = clawgym("run", str(recipe), path_first=no_bwrap)
+    assert r.returncode == 1, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "cannot isolate files" in line and "--sandbox local-unisolated" in line
+    assert not run_dir.exists()
