@@ -76,9 +76,9 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
     stages = console if verbose else C.QUIET
     recipe = load_recipe(recipe_path)
     if recipe.offline.from_run is None:  # before anything is written: a sandbox that cannot isolate files is refused
-        from clawgym.rollout.sandbox import isolation
+        from clawgym.rollout.sandbox import announce, isolation
 
-        isolation(recipe.rollout.sandbox, recipe.rollout.network)
+        announce(isolation(recipe.rollout.sandbox, recipe.rollout.network), console)
     run = _prepare(recipe, resume)
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
     first = 1

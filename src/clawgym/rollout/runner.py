@@ -36,7 +36,7 @@ from clawgym.rollout.config import RolloutConfig
 from clawgym.rollout.harnesses import HARNESSES, Harness
 from clawgym.rollout.one import RolloutPlan, run_one
 from clawgym.rollout.proxy_client import ProxyClient, start_local_proxy
-from clawgym.rollout.sandbox import Isolation, Sandbox, isolation
+from clawgym.rollout.sandbox import Sandbox, announce, isolation
 from clawgym.tasks import Task, load_tasks
 
 
@@ -113,7 +113,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     console = console or STDERR
     tasks, harnesses = _load(config)
     iso = isolation(config.sandbox, config.network)  # refuses a sandbox that would silently not isolate files
-    _announce(iso, console)
+    announce(iso, console)
     out = StepLayout(Path(config.out))
     out.path.mkdir(parents=True, exist_ok=True)
     A.write_config(out.rollout_config, {**dataclasses.asdict(config), "isolation": iso.record()})
@@ -183,16 +183,6 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     A.write_table(out.calls, calls, A.CallRecord)
     A.write_table(out.rollouts, rollouts, A.RolloutRecord)
     return RolloutSummary(out.path, rollouts, len(calls), time.monotonic() - t0)
-
-
-_announced: set[str] = set()
-
-
-def _announce(iso: Isolation, console: Console) -> None:
-    """Say once per process (a run's steps and evals share one) what the sandboxes isolate."""
-    if iso.summary not in _announced:
-        _announced.add(iso.summary)
-        console.print(f"sandbox: {iso.summary}", markup=False, highlight=False)
 
 
 @functools.lru_cache(maxsize=2)

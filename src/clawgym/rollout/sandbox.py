@@ -28,7 +28,7 @@ from clawgym.rollout.sandbox_base import (NETWORK_MODES, Limits, ProxyEndpoint, 
                                           SandboxError, default_base_dir, seed_workspace)
 
 __all__ = ["NETWORK_MODES", "Isolation", "Limits", "ProxyEndpoint", "RunResult", "Sandbox", "SandboxConfig", "SandboxError",
-           "SandboxFactory", "SANDBOXES", "default_base_dir", "isolation", "open_sandbox", "seed_workspace"]
+           "SandboxFactory", "SANDBOXES", "announce", "default_base_dir", "isolation", "open_sandbox", "seed_workspace"]
 
 SandboxFactory = Callable[..., Sandbox]
 """factory(seed: Path | None, config: SandboxConfig, sandbox_id: str | None) -> Sandbox"""
@@ -130,3 +130,15 @@ def isolation(kind: str, network: str = "auto", workdir: str = "/workspace") -> 
         raise UserError(str(e)) from None
     files, what = _WHAT[mode]
     return Isolation(backend, mode, files, None, f"{backend} ({mode}): {what.format(workdir=workdir)}")
+
+
+
+_announced: set[str] = set()
+
+
+def announce(iso: Isolation, console: Any) -> None:
+    """Print what the sandboxes isolate on `console` (a rich Console), once per process: a run's
+    steps and evaluations share one line."""
+    if iso.summary not in _announced:
+        _announced.add(iso.summary)
+        console.print(f"sandbox: {iso.summary}", markup=False, highlight=False)
