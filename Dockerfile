@@ -17,7 +17,7 @@ ENV PYTHONUNBUFFERED=1 \
 # a venv either way, which Debian's own Python requires (PEP 668).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nodejs npm bubblewrap git ca-certificates procps \
-    && (python3 -m venv --help >/dev/null 2>&1 || apt-get install -y --no-install-recommends python3 python3-venv) \
+    && (python3 -c 'import ensurepip, venv' 2>/dev/null || apt-get install -y --no-install-recommends python3 python3-venv) \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH

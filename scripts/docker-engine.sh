@@ -24,14 +24,20 @@ say() { echo "[docker-engine] $*"; }
 answers() { docker info >/dev/null 2>&1; }
 ours() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
+apt_lists() {
+    # refresh the package lists only when they lack $1; another apt (scripts/install.sh, which CI
+    # runs alongside) may hold their lock for a moment
+    apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [0-9]' && return
+    for _ in 1 2 3 4 5; do apt-get update -qq -o DPkg::Lock::Timeout=300 && return; sleep 10; done
+}
+
 install_engine() {
     command -v dockerd >/dev/null && command -v docker >/dev/null && return
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
         say "dockerd is not installed; install docker.io (Debian) or Docker Engine as root"; exit 1
     fi
     say "installing docker.io (apt)"
-    # another apt (scripts/install.sh, run alongside by CI) may hold the lists' lock for a moment
-    for _ in 1 2 3 4 5; do apt-get update -qq -o DPkg::Lock::Timeout=300 && break; sleep 10; done
+    apt_lists docker.io
     apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends docker.io >/dev/null
 }
 
@@ -60,7 +66,7 @@ build_image() {
     if docker image inspect "$IMAGE" >/dev/null 2>&1; then say "image $IMAGE present"; return; fi
     local tarball="$CACHE/${IMAGE//[:\/]/_}.tar"
     if [ ! -s "$tarball" ]; then
-        command -v debootstrap >/dev/null || { say "installing debootstrap (apt)"; apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends debootstrap >/dev/null; }
+        command -v debootstrap >/dev/null || { say "installing debootstrap (apt)"; apt_lists debootstrap; apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends debootstrap >/dev/null; }
         local dir
         dir=$(mktemp -d /var/tmp/clawgym-rootfs.XXXXXX)
         say "building $IMAGE: debootstrap minbase bookworm from $(mirror)"

@@ -26,7 +26,11 @@ python3 -c "import torch, clawgym; print(f'[install] clawgym {clawgym.__version_
 if ! command -v bwrap >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "[install] bubblewrap (apt)"
-        (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=300 bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: rollouts need --sandbox docker"
+        # the lists are refreshed only when they lack it; another apt may hold their lock a moment (CI
+        # starts scripts/docker-engine.sh alongside)
+        (apt-cache policy bubblewrap 2>/dev/null | grep -q 'Candidate: [0-9]' \
+            || for _ in 1 2 3 4 5; do apt-get update -qq -o DPkg::Lock::Timeout=300 && break; sleep 10; done
+         apt-get install -y -qq -o DPkg::Lock::Timeout=300 bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: rollouts need --sandbox docker"
     else
         echo "[install] bubblewrap missing: install it (e.g. sudo apt-get install bubblewrap), or roll out with --sandbox docker"
     fi

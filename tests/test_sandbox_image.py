@@ -22,7 +22,7 @@ def test_the_dockerfile_builds_on_a_local_base_and_runs_clawgym() -> None:
     tag = "clawgym-test-image:latest"
     build = subprocess.run(["docker", "build", "--network", "host", "--build-arg", f"BASE={SandboxConfig().image}", "-t", tag, "."],
                            cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, build.stderr[-3000:]
+    assert build.returncode == 0, (build.stdout[-3000:], build.stderr[-2000:])
     try:
         r = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, "clawgym", "--help"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "rollout" in r.stdout, r.stdout + r.stderr
