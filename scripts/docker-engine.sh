@@ -8,7 +8,7 @@
 # host's networking alone: no iptables rules, no IP forwarding, no docker0 bridge (sandboxes run
 # with --network none). Its state lives in its own data-root, pidfile and exec-root.
 # The base image ($CLAWGYM_BASE_IMAGE, default clawgym-base:bookworm) is a Debian minbase made by
-# debootstrap from the mirror apt uses (about 2 minutes, 230 MB): bash and coreutils for the agents;
+# debootstrap from the mirror apt uses (about 2 minutes): bash and coreutils for the agents;
 # the runner's Python and the harnesses are mounted in by the sandbox. The rootfs tarball is
 # cached, so a rebuild takes seconds. docs/harnesses.md, "Sandboxes".
 set -euo pipefail
@@ -19,6 +19,9 @@ PIDFILE="$STATE/dockerd.pid"
 DATA=/var/lib/clawgym-docker
 CACHE=/var/cache/clawgym-docker
 LOG=/var/log/clawgym-dockerd.log
+# The shared libraries a Python's extension modules load (ssl, sqlite3, expat, readline, curses, dbm):
+# the sandbox runs the runner's own Python in the container, with the image's C libraries.
+LIBS=libssl3,libsqlite3-0,libexpat1,libreadline8,libncursesw6,libgdbm6,ca-certificates
 
 say() { echo "[docker-engine] $*"; }
 answers() { docker info >/dev/null 2>&1; }
@@ -70,7 +73,7 @@ build_image() {
         local dir
         dir=$(mktemp -d /var/tmp/clawgym-rootfs.XXXXXX)
         say "building $IMAGE: debootstrap minbase bookworm from $(mirror)"
-        debootstrap --variant=minbase bookworm "$dir" "$(mirror)" >"$CACHE.debootstrap.log" 2>&1 \
+        debootstrap --variant=minbase --include="$LIBS" bookworm "$dir" "$(mirror)" >"$CACHE.debootstrap.log" 2>&1 \
             || { say "debootstrap failed; see $CACHE.debootstrap.log"; rm -rf "$dir"; exit 1; }
         rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
         mkdir -p "$CACHE"

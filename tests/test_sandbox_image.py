@@ -1,6 +1,8 @@
 """The project's Dockerfile builds against a locally made base (scripts/docker-engine.sh's image,
 named by the BASE build argument) and the image runs `clawgym --help`. Heavy: the build installs
-torch and the toolkit from the package index (minutes); run with `pytest -m heavy` where an engine runs."""
+torch and the toolkit from the package index (minutes), and needs HTTPS to it from inside the
+build (a machine whose HTTPS goes through an intercepting proxy must give the build its CA); run
+with `pytest -m heavy` where an engine runs."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -118,20 +119,39 @@ def prepare_engine(image: str) -> str | None:
     return None
 
 
-def runtime_mounts() -> dict[str, str]:
-    """Host path -> path inside, read-only: what the relay and the harnesses run with."""
-    out: dict[str, str] = {}
-    for p in (Path(sys.prefix), Path(sys.base_prefix), PACKAGE_ROOT):
-        p = p.resolve()
-        if str(p) not in _SYSTEM_PREFIXES and not any(p.is_relative_to(q) for q in map(Path, out)):
-            out[str(p)] = str(p)
+def runtime_mounts() -> list[tuple[str, str]]:
+    """(host path, path inside), read-only: what the relay and the harnesses run with.
+
+    A Python in its own prefix (a venv, pyenv, conda) is mounted whole; a system one (/usr) by its
+    parts (the interpreter, libpython, the folders on sys.path), so the image's own /usr stays."""
+    out: list[tuple[str, str]] = []
+
+    def add(host: Path, inside: str | None = None) -> None:
+        inside = inside or str(host)
+        covered = inside == str(host) and any(h == i and host.is_relative_to(h) for h, i in out)
+        if host.exists() and not covered:
+            out.append((str(host), inside))
+
+    prefixes = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    for prefix in dict.fromkeys(prefixes):
+        if str(prefix) not in _SYSTEM_PREFIXES:
+            add(prefix)
+    if any(str(q) in _SYSTEM_PREFIXES for q in prefixes):
+        exe = Path(sys.executable)
+        add(exe.resolve())
+        if exe.resolve() != exe:
+            add(exe.resolve(), str(exe))  # the name harnesses are launched by
+        if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+            add(Path(sysconfig.get_config_var("LIBDIR") or "/", sysconfig.get_config_var("LDLIBRARY") or "-").resolve())
+        for entry in sys.path:
+            if entry and Path(entry).is_dir():
+                add(Path(entry).resolve())
+    add(PACKAGE_ROOT)
     from clawgym.home import clawgym_home
 
-    harnesses = (clawgym_home() / "harnesses").resolve()
-    if harnesses.is_dir():
-        out[str(harnesses)] = str(harnesses)
+    add((clawgym_home() / "harnesses").resolve())
     if (node := shutil.which("node")) is not None:
-        out[str(Path(node).resolve())] = f"{INSIDE}/bin/node"
+        add(Path(node).resolve(), f"{INSIDE}/bin/node")
     return out
 
 
@@ -184,9 +204,8 @@ class DockerSandbox:
             self._forwards += self._bridge("p.sock", p.port, tcp=None if p.unix_path else (p.host, p.port), unix=p.unix_path)
         self._inside = [(self.workspace, self.config.workdir), (self.tests, "/tests"), (self.harbor_logs, "/logs")]
         self._inside += [(d, f"{INSIDE}/{d.name}") for d in (self.net, self.files, self.home, self.logs)]
-        volumes = {str(h): {"bind": c, "mode": "rw"} for h, c in self._inside}
-        volumes[str(self.bin)] = {"bind": f"{INSIDE}/bin", "mode": "ro"}
-        volumes.update({h: {"bind": c, "mode": "ro"} for h, c in runtime_mounts().items()})
+        volumes = [f"{h}:{c}:rw" for h, c in self._inside] + [f"{self.bin}:{INSIDE}/bin:ro"]
+        volumes += [f"{h}:{c}:ro" for h, c in runtime_mounts()]
         lim = self.config.limits
         try:
             self.container = self.client.containers.run(
