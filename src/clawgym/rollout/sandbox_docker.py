@@ -4,10 +4,11 @@ other rollouts' containers.
 The workspace, hidden tests and Harbor logs are host folders bind-mounted at `config.workdir`
 (default /workspace), /tests and /logs, so the verifier and the runner read results on the host;
 the private folders (home, files, logs, net) appear at /sandbox/<name>. The runner's own Python
-(its prefix and the clawgym package) and the npm-installed harnesses are mounted read-only at
-their host paths and the host's `node` at /sandbox/bin/node, so the built-in harness, the relay
-and Claude Code run in any glibc image without being installed in it (docs/harnesses.md,
-"Sandboxes"). Commands run as the runner's user (files in the workspace stay the runner's).
+(its prefix, or a system Python's parts), the clawgym package and the npm-installed harnesses are
+mounted read-only at their host paths, the host's `node` at /sandbox/bin/node and `python3` there
+runs the runner's Python, so the built-in harness, the relay, the verifier and Claude Code run in
+any glibc image with the C libraries Python's modules load, without being installed in it
+(docs/harnesses.md, "Sandboxes"). Commands run as the runner's user (files in the workspace stay the runner's).
 
 The container has no network (`network_mode="none"`); as in the local bwrap mode, every command
 runs under the relay (copied in as /sandbox/net/relay.py) that listens on 127.0.0.1:<proxy port>
