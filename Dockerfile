@@ -1,6 +1,10 @@
 # The clawgym runtime image: Python, Node (for the npm-installed harnesses) and the toolkit.
 # CPU by default; on GPU hosts build FROM a CUDA base and install the matching torch first.
-FROM python:3.11-slim-bookworm
+# BASE names the base image: any Debian bookworm image, e.g. the registry's python:3.11-slim-bookworm
+# (default) or, with no registry in reach, the one scripts/docker-engine.sh makes locally:
+#   docker build --network host --build-arg BASE=clawgym-base:bookworm -t clawgym .
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -9,9 +13,14 @@ ENV PYTHONUNBUFFERED=1 \
 
 # Node 20 from Debian for the harness CLIs (OpenClaw needs Node >= 24: `clawgym harness install`
 # fetches it from npm into its own prefix); bubblewrap for sandbox isolation; git for harnesses.
+# Python and venv from Debian where the base has none (a plain Debian base); the toolkit goes into
+# a venv either way, which Debian's own Python requires (PEP 668).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nodejs npm bubblewrap git ca-certificates procps \
-    && rm -rf /var/lib/apt/lists/*
+    && (python3 -c 'import ensurepip, venv' 2>/dev/null || apt-get install -y --no-install-recommends python3 python3-venv) \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /opt/clawgym
 COPY pyproject.toml README.md ./

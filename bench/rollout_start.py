@@ -9,6 +9,9 @@
    CPU seconds of the process itself.
 3. Verifier start: a Python check script's process (`python3 -c pass` as the toy tasks' check.py
    starts) in the sandbox, for scale.
+4. Docker vs bubblewrap: the docker sandbox's open + `true` + close (a container started and
+   removed) and one more command in an open sandbox, against the local sandbox's, when an engine
+   with the base image answers (scripts/docker-engine.sh start); skipped, saying why, otherwise.
 
 CPU is counted by a small probe that runs the command and reads its children's rusage: under
 bubblewrap's pid namespace the runner's own rusage never sees the sandboxed processes (their
@@ -16,6 +19,7 @@ namespace's init reaps them), so `/usr/bin/time` around a rollout run undercount
 
     python bench/rollout_start.py              # 8 repeats each
     python bench/rollout_start.py --repeats 3  # quicker
+    python bench/rollout_start.py --small      # one repeat of the sandbox rows: a correctness check
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 import clawgym
 from clawgym.rollout.harnesses.agentloop import ENTRY
 from clawgym.rollout.sandbox import SandboxConfig, open_sandbox
+from clawgym.rollout.sandbox_docker import prepare_engine
 
 PACKAGE_ROOT = str(Path(clawgym.__file__).resolve().parents[1])
 # Runs argv[1:] and prints the CPU seconds (user + sys) it and its children used, as JSON.
@@ -52,19 +57,46 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def sandbox_start(repeats: int, network: str) -> tuple[list[float], list[float], str]:
+def sandbox_start(repeats: int, network: str, kind: str = "local") -> tuple[list[float], list[float], str]:
     """Wall seconds of open + run `true` + close, and the runner's CPU seconds, per repeat."""
     walls, cpus, mode = [], [], ""
     for _ in range(repeats):
         t, c = time.perf_counter(), self_cpu()
-        with open_sandbox("local", None, SandboxConfig(network=network)) as sb:
+        with open_sandbox(kind, None, SandboxConfig(network=network)) as sb:
             r = sb.run(["true"], timeout=60)
             mode = sb.network
+            root = sb.root
         walls.append(time.perf_counter() - t)
         cpus.append(self_cpu() - c)
-        if not r.ok:
-            sys.exit(f"true failed in the sandbox: {r.stderr()[-500:]}")
+        if not r.ok or root.exists():
+            sys.exit(f"{kind}: true failed in the sandbox, or its folder outlived it: {r.stderr()[-500:]}")
     return walls, cpus, mode
+
+
+def command_cost(repeats: int, network: str, kind: str) -> list[float]:
+    """Wall seconds of one more command (`echo`, its output checked) in an open sandbox, per repeat."""
+    walls = []
+    with open_sandbox(kind, None, SandboxConfig(network=network)) as sb:
+        for i in range(repeats):
+            t = time.perf_counter()
+            r = sb.run(["echo", str(i)], timeout=60)
+            walls.append(time.perf_counter() - t)
+            if not r.ok or r.stdout().strip() != str(i):
+                sys.exit(f"{kind}: echo {i} printed {r.stdout()!r} (exit {r.exit_code})")
+    return walls
+
+
+def docker_rows(n: int, network: str, local_wall: float) -> None:
+    """Section 4: the docker sandbox against the local one, or why it is skipped."""
+    local_cmd = command_cost(n, network, "local")
+    if (problem := prepare_engine(SandboxConfig().image)) is not None:
+        print(f"4. docker vs bubblewrap: skipped ({problem}); local command {median(local_cmd) * 1000:.0f} ms")
+        return
+    walls, cpus, _ = sandbox_start(n, network, "docker")
+    cmd = command_cost(n, network, "docker")
+    print(f"4. docker sandbox open+run+close: {median(walls) * 1000:.0f} ms wall (runner CPU {median(cpus) * 1000:.0f} ms) "
+          f"vs local {local_wall * 1000:.0f} ms: x{median(walls) / local_wall:.1f}; one more command "
+          f"{median(cmd) * 1000:.0f} ms vs {median(local_cmd) * 1000:.0f} ms: x{median(cmd) / median(local_cmd):.1f}")
 
 
 def bare_start(repeats: int) -> list[float]:
@@ -93,8 +125,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--network", default="auto", help="sandbox network mode (default: auto)")
+    ap.add_argument("--small", action="store_true", help="one repeat of the sandbox rows (1 and 4): a quick correctness check")
     args = ap.parse_args()
-    n = args.repeats
+    n = 1 if args.small else args.repeats
+
+    if args.small:
+        walls, _, mode = sandbox_start(n, args.network)
+        print(f"sandbox network mode: {mode}; --small: 1 repeat")
+        print(f"1. sandbox open+run+close: {median(walls) * 1000:.0f} ms wall")
+        docker_rows(n, args.network, median(walls))
+        return
 
     bare = bare_start(n)
     walls, runner_cpu, mode = sandbox_start(n, args.network)
@@ -111,6 +151,7 @@ def main() -> None:
           f"with the openai SDK's client instead: {median(sdk):.2f} CPU s (x{median(sdk) / median(harness):.1f} the httpx start)")
     print(f"3. verifier-like python start: {median(python):.3f} CPU s; the agentloop start is "
           f"{median(harness) - median(python):.2f} CPU s more per rollout")
+    docker_rows(n, args.network, median(walls))
 
 
 if __name__ == "__main__":

@@ -21,13 +21,24 @@ echo "[install] clawgym ${target}"
 "${PIP[@]}" -e "${target}"
 python3 -c "import torch, clawgym; print(f'[install] clawgym {clawgym.__version__} with torch {torch.__version__}')"
 
-# The test dependencies outside pip: bubblewrap (sandbox isolation; tests of it skip without it),
-# the pinned harness binaries from npm, and real vLLM for the CPU in its own venv.
-if [[ ",${extras}," == *",dev,"* ]]; then
-    if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+# bubblewrap: the default (local) sandbox's file isolation; without it `clawgym rollout` and
+# `clawgym run` refuse to start (docs/harnesses.md, "Sandboxes").
+if ! command -v bwrap >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "[install] bubblewrap (apt)"
-        (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: isolation tests will skip"
+        # the lists are refreshed only when they lack it; another apt may hold their lock a moment (CI
+        # starts scripts/docker-engine.sh alongside)
+        (apt-cache policy bubblewrap 2>/dev/null | grep -q 'Candidate: [0-9]' \
+            || for _ in 1 2 3 4 5; do apt-get update -qq -o DPkg::Lock::Timeout=300 && break; sleep 10; done
+         apt-get install -y -qq -o DPkg::Lock::Timeout=300 bubblewrap >/dev/null) || echo "[install] bubblewrap unavailable: rollouts need --sandbox docker"
+    else
+        echo "[install] bubblewrap missing: install it (e.g. sudo apt-get install bubblewrap), or roll out with --sandbox docker"
     fi
+fi
+
+# The test dependencies outside pip: the pinned harness binaries from npm, and real vLLM for the
+# CPU in its own venv. (A Docker engine for the docker sandbox's tests: scripts/docker-engine.sh.)
+if [[ ",${extras}," == *",dev,"* ]]; then
     # Ray for the distributed-rollout tests (tests/test_ray.py skips without it). Checked with a
     # dry run: it adds grpcio, protobuf, opentelemetry and the like, never another torch or numpy.
     if ! python3 -c "import ray" 2>/dev/null; then

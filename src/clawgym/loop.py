@@ -79,6 +79,10 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
     console = console or C.STDERR
     stages = console if verbose else C.QUIET
     recipe = load_recipe(recipe_path)
+    if recipe.offline.from_run is None:  # before anything is written: a sandbox that cannot isolate files is refused
+        from clawgym.rollout.sandbox import announce, isolation
+
+        announce(isolation(recipe.rollout.sandbox, recipe.rollout.network), console)
     run = _prepare(recipe, resume)
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
     first = 1

@@ -107,7 +107,8 @@ class RolloutConfig:
     admin_token: str | None = option(None, "that proxy's admin token", envvar="CLAWGYM_ADMIN_TOKEN")
     records: Path | None = option(None, "the folder that proxy records into (it must be on this machine's filesystem)")
     timeout_s: float | None = option(None, "wall-clock seconds per rollout; default: each task's [agent] timeout_sec", flag="--timeout")
-    sandbox: str = option("local", "local | docker (docs/architecture.md)")
+    sandbox: str = option("local", "local (bubblewrap) | docker | docker:IMAGE | local-unisolated (no file isolation where "
+                                   "bubblewrap is missing) (docs/harnesses.md)")
     network: str = option("auto", "the sandbox's network: auto | bwrap | unshare | blackhole | host (docs/architecture.md)")
     step: int = option(0, "the loop step the rollouts belong to, recorded on each")
     policy_version: int = option(0, "the policy version the in-process proxy serves, recorded on each call")

@@ -36,7 +36,7 @@ from clawgym.rollout.config import RolloutConfig
 from clawgym.rollout.harnesses import HARNESSES, Harness
 from clawgym.rollout.one import RolloutPlan, run_one
 from clawgym.rollout.proxy_client import ProxyClient, start_local_proxy
-from clawgym.rollout.sandbox import Sandbox
+from clawgym.rollout.sandbox import Sandbox, announce, isolation
 from clawgym.tasks import Task, load_tasks
 
 
@@ -112,9 +112,11 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     """Run every planned rollout (see the module docstring); `proxy` reuses a running proxy."""
     console = console or STDERR
     tasks, harnesses = _load(config)
+    iso = isolation(config.sandbox, config.network)  # refuses a sandbox that would silently not isolate files
+    announce(iso, console)
     out = StepLayout(Path(config.out))
     out.path.mkdir(parents=True, exist_ok=True)
-    A.write_config(out.rollout_config, config)
+    A.write_config(out.rollout_config, {**dataclasses.asdict(config), "isolation": iso.record()})
     results_path = out.results
     done = {r["rollout_id"]: r for r in A.read_jsonl(results_path).records} if results_path.exists() else {}
     prefix = config.id_prefix or (f"s{config.step:04d}." if config.step else "")

@@ -7,7 +7,11 @@ everything it started and removes its files. Backends live in `SANDBOXES` (name 
 - `local` (sandbox_local.py): a host folder; network isolation by bubblewrap or `unshare -n`
   where permitted, with a relay that carries the harness's traffic to the proxy; elsewhere an
   HTTP(S) proxy black hole that refuses outside traffic and counts it.
-- `docker` (sandbox_docker.py): a container from the project's image (docker SDK).
+- `docker` (sandbox_docker.py): a container (docker SDK); `docker:IMAGE` names its image.
+
+A rollout run asks `isolation()` once before it starts: `local` must get bubblewrap (file
+isolation) or the run is refused in one line naming the fix; `local-unisolated` is the explicit
+opt-in to run agent commands where they see the host's files (docs/harnesses.md, "Sandboxes").
 
 Failures of the sandbox itself raise `SandboxError`; the rollout runner records them as
 `infra_error` (paper §3.4), never as the harness's fault.
@@ -15,14 +19,16 @@ Failures of the sandbox itself raise `SandboxError`; the rollout runner records 
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from clawgym.rollout.sandbox_base import (NETWORK_MODES, Limits, ProxyEndpoint, RunResult, Sandbox, SandboxConfig,
                                           SandboxError, default_base_dir, seed_workspace)
 
-__all__ = ["NETWORK_MODES", "Limits", "ProxyEndpoint", "RunResult", "Sandbox", "SandboxConfig", "SandboxError",
-           "SandboxFactory", "SANDBOXES", "default_base_dir", "open_sandbox", "seed_workspace"]
+__all__ = ["NETWORK_MODES", "Isolation", "Limits", "ProxyEndpoint", "RunResult", "Sandbox", "SandboxConfig", "SandboxError",
+           "SandboxFactory", "SANDBOXES", "announce", "default_base_dir", "isolation", "open_sandbox", "seed_workspace"]
 
 SandboxFactory = Callable[..., Sandbox]
 """factory(seed: Path | None, config: SandboxConfig, sandbox_id: str | None) -> Sandbox"""
@@ -40,13 +46,99 @@ def _docker(seed: Path | None, config: SandboxConfig, sandbox_id: str | None = N
     return DockerSandbox(seed, config, sandbox_id)
 
 
-SANDBOXES: dict[str, SandboxFactory] = {"local": _local, "docker": _docker}
+SANDBOXES: dict[str, SandboxFactory] = {"local": _local, "local-unisolated": _local, "docker": _docker}
+
+
+def parse_kind(kind: str) -> tuple[str, str | None]:
+    """`docker:IMAGE` -> ("docker", IMAGE); any other name -> (name, None); an unknown name is a UserError."""
+    backend, colon, image = kind.partition(":")
+    if backend not in SANDBOXES or (colon and (backend != "docker" or not image)):
+        from clawgym.errors import UserError
+
+        raise UserError(f"unknown sandbox {kind!r}; choose one of: {', '.join(SANDBOXES)}, docker:IMAGE")
+    return backend, image or None
 
 
 def open_sandbox(kind: str, seed: Path | None, config: SandboxConfig | None = None, sandbox_id: str | None = None) -> Sandbox:
-    """A new sandbox of backend `kind` seeded from `seed` (a task's workspace/ folder, or None)."""
-    if kind not in SANDBOXES:
-        from clawgym.errors import UserError
+    """A new sandbox of backend `kind` (or `docker:IMAGE`) seeded from `seed` (a task's workspace/ folder, or None)."""
+    backend, image = parse_kind(kind)
+    config = config or SandboxConfig()
+    if image is not None:
+        config = dataclasses.replace(config, image=image)
+    return SANDBOXES[backend](seed, config, sandbox_id)
 
-        raise UserError(f"unknown sandbox {kind!r}; choose one of: {', '.join(SANDBOXES)}")
-    return SANDBOXES[kind](seed, config or SandboxConfig(), sandbox_id)
+
+@dataclass(frozen=True)
+class Isolation:
+    """What a run's sandboxes isolate, decided once before the run; recorded in rollout.config.json."""
+
+    sandbox: str
+    """the backend: local | local-unisolated | docker"""
+    network: str
+    """the network mode in effect: bwrap | unshare | blackhole | host (local), none (docker)"""
+    files: bool
+    """whether agent commands are kept from the host's files (read-only /, other sandboxes hidden)"""
+    image: str | None
+    """the docker image"""
+    summary: str
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_WHAT = {
+    "bwrap": (True, "files (host / read-only, other sandboxes and the task set hidden, workspace at {workdir}), "
+                    "network (the proxy only), processes (own pid namespace)"),
+    "unshare": (False, "network only (the proxy only); NOT files: agent commands see and can write this machine's files"),
+    "blackhole": (False, "nothing enforced: agent commands see and can write this machine's files, and only clients "
+                         "that honour HTTP(S)_PROXY are kept off the network"),
+    "host": (False, "nothing: agent commands see this machine's files and network"),
+}
+
+
+def isolation(kind: str, network: str = "auto", workdir: str = "/workspace") -> Isolation:
+    """What sandbox `kind` with network mode `network` isolates here, or a UserError in one line naming the fix.
+
+    `local` insists on file isolation (bubblewrap): without it, agent commands would run as this
+    user among this machine's files, and the sandbox's random host folder would appear in every
+    prompt, so rollouts of one task would no longer share their first prompt."""
+    from clawgym.errors import UserError
+
+    backend, image = parse_kind(kind)
+    if backend == "docker":
+        from clawgym.rollout.sandbox_docker import prepare_engine
+
+        image = image or SandboxConfig().image
+        if (problem := prepare_engine(image)) is not None:
+            raise UserError(f"--sandbox docker: {problem}")
+        return Isolation("docker", "none", True, image, f"docker (image {image}): files (own container, workspace at "
+                                                         f"{workdir}), network (the proxy only), processes, memory/CPU/pids limits")
+    from clawgym.rollout.sandbox_local import namespace_problem, resolve_network
+
+    if network not in NETWORK_MODES:
+        raise UserError(f"sandbox network mode {network!r}; allowed: {', '.join(NETWORK_MODES)}")
+    if backend == "local" and network not in ("auto", "bwrap"):
+        raise UserError(f"--network {network} gives agent commands this machine's files; to accept that, choose "
+                        f"--sandbox local-unisolated (recipe: sandbox = \"local-unisolated\"), else drop --network")
+    if backend == "local" and (problem := namespace_problem("bwrap")) is not None:
+        raise UserError(f"the local sandbox cannot isolate files here ({problem}): install bubblewrap (apt-get install "
+                        f"bubblewrap, or scripts/install.sh as root), or use --sandbox docker, or accept running agent "
+                        f"commands among this machine's files with --sandbox local-unisolated")
+    try:
+        mode = resolve_network(network)
+    except SandboxError as e:
+        raise UserError(str(e)) from None
+    files, what = _WHAT[mode]
+    return Isolation(backend, mode, files, None, f"{backend} ({mode}): {what.format(workdir=workdir)}")
+
+
+
+_announced: set[str] = set()
+
+
+def announce(iso: Isolation, console: Any) -> None:
+    """Print what the sandboxes isolate on `console` (a rich Console), once per process: a run's
+    steps and evaluations share one line."""
+    if iso.summary not in _announced:
+        _announced.add(iso.summary)
+        console.print(f"sandbox: {iso.summary}", markup=False, highlight=False)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence, runtime_checkable
@@ -83,8 +85,8 @@ class SandboxConfig:
     """SIGTERM, then this long, then SIGKILL"""
     keep: bool = False
     """keep the folder after close (debugging)"""
-    image: str = "clawgym:latest"
-    """docker backend: the image to run (needs python3 and coreutils `timeout`)"""
+    image: str = "clawgym-base:bookworm"
+    """docker backend: the image to run (any glibc image with `sh` and `sleep`; scripts/docker-engine.sh makes this one)"""
     workdir: str = "/workspace"
     """docker backend: where the workspace is mounted (Harbor tasks: the task's workdir, e.g. /app)"""
     cpus: float | None = None
@@ -210,3 +212,45 @@ def rmtree(path: Path) -> None:
             pass
 
     shutil.rmtree(path, onerror=onerror)
+
+
+MARKER = "CLAWGYM_SANDBOX_ID"
+"""the environment variable every command of a sandbox carries; its value is unique on this machine"""
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live host processes whose environment carries MARKER=marker (a container's too: they are host
+    processes in their own pid namespace)."""
+    needle = f"{MARKER}={marker}\0".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read() + b"\0":
+                    with open(f"/proc/{entry}/stat", "rb") as st:
+                        if st.read().rsplit(b")", 1)[-1].split()[0] != b"Z":
+                            out.append(int(entry))
+        except OSError:
+            continue
+    return out
+
+
+def kill_marked(marker: str, wait_s: float = 3.0, sig: int = signal.SIGKILL) -> int:
+    """Send `sig` to every live process carrying the marker (also those that left their process
+    group by setsid) until none is left or `wait_s` passed; the kernel tears a pid namespace down
+    asynchronously, so this waits for them to be gone."""
+    killed = 0
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = marked_pids(marker)
+        if not pids or time.monotonic() > deadline:
+            return killed
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.02)

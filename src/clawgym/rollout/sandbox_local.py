@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from clawgym.rollout import sandbox_net
-from clawgym.rollout.sandbox_base import RunResult, SandboxConfig, SandboxError, limit_args, rmtree, seed_workspace
+from clawgym.rollout.sandbox_base import (MARKER, RunResult, SandboxConfig, SandboxError, kill_marked, limit_args, rmtree,
+                                          seed_workspace)
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 RELAY = Path(sandbox_net.__file__).resolve()
 PACKAGE_ROOT = RELAY.parents[2]  # the folder holding the clawgym package (src/ of a checkout)
-MARKER = "CLAWGYM_SANDBOX_ID"
 INSIDE = "/sandbox"
 """where a bwrap sandbox shows its private folders (home, tmp, tests, files, net), as the docker sandbox does"""
 # Top-level host entries a bwrap sandbox does not show read-only: replaced by its own mounts.
@@ -281,38 +281,8 @@ class LocalSandbox:
             pass
         self._killpg(p.pid, signal.SIGKILL)
 
-    def _marked(self) -> list[int]:
-        needle = f"{MARKER}={self.marker}\0".encode()
-        out = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle in f.read() + b"\0":
-                        with open(f"/proc/{entry}/stat", "rb") as st:
-                            if st.read().rsplit(b")", 1)[-1].split()[0] != b"Z":
-                                out.append(int(entry))
-            except OSError:
-                continue
-        return out
-
     def _kill_marked(self, wait_s: float = 3.0) -> int:
-        """SIGKILL every live process carrying this sandbox's marker (also those that left the group
-        by setsid) and wait until they are gone: the kernel tears a pid namespace down asynchronously."""
-        killed = 0
-        deadline = time.monotonic() + wait_s
-        while True:
-            pids = self._marked()
-            if not pids or time.monotonic() > deadline:
-                return killed
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
-            time.sleep(0.02)
+        return kill_marked(self.marker, wait_s)
 
     def put_file(self, rel: str, data: bytes) -> str:
         path = (self.files / rel).resolve()
