@@ -373,14 +373,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
-_SECRET_KEYS = ("api_key", "token", "secret", "password")
+SECRET_KEYS = frozenset({"api_key", "admin_token", "token", "hf_token", "access_token", "auth_token", "bearer_token",
+                         "secret", "client_secret", "password", "authorization", "wandb_api_key"})
+"""the config keys whose values are credentials, by exact name (any case): a key that merely mentions
+tokens (max_tokens, token_budget) is a setting and is kept"""
 
 
 def redact(value: Any) -> Any:
-    """A copy with the values of secret-looking keys (api_key, *token*, ...) replaced: configs are
-    shared and committed, keys must never be."""
+    """A copy with the values of the keys in SECRET_KEYS replaced: configs are shared and committed,
+    credentials must never be."""
     if isinstance(value, dict):
-        return {k: "<redacted>" if v and any(s in str(k).lower() for s in _SECRET_KEYS) else redact(v) for k, v in value.items()}
+        return {k: "<redacted>" if v and str(k).lower() in SECRET_KEYS else redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     return value

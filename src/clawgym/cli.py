@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from clawgym import __version__
 from clawgym.console import STDERR
@@ -179,7 +180,9 @@ def serve_proxy(
         if admin_token is None:
             typer.echo(f"admin token: {server.admin_token}")
 
-    serve(config, ready=ready)
+    stopped_by = serve(config, ready=ready)
+    if stopped_by is not None:  # the proxy drained and stopped; main() gives the signal's status
+        _SIGNALS.append(stopped_by)
 
 
 # --- collect -----------------------------------------------------------------------------------
@@ -227,6 +230,10 @@ def _rollout_config(options: dict[str, Any]) -> RolloutConfig:
         values["engine_options"]["script"] = str(shorthands.script)
     if shorthands.max_context:
         values["engine_options"]["max_context"] = shorthands.max_context
+    model = values["model"]
+    if model is not None and not (Path(model) / "config.json").is_file():  # before anything loads it, or asks a hub for it
+        raise UserError(f"--model {model} is not a model directory (no config.json); give an HF model directory "
+                        "(make one with `clawgym init-model`)")
     if values["proxy_url"] and values["tool_parser"] != "auto":
         raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
     if values["chat_template"] and values["proxy_url"]:
@@ -340,6 +347,9 @@ def sync(
 @app.command("run")
 def run(
     recipe: Path = typer.Argument(..., metavar="RECIPE.toml", help="The recipe: one section per stage (docs/recipes.md)."),
+    overrides: Optional[list[str]] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...",
+                                                    help="Set recipe keys over the file's, typed by the key (train.lr=0.1, "
+                                                         "rollout.n=4, rollout.agentloop.max_tokens=8); saved in RUN/recipe.toml."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed run from its last complete stage."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every stage's tables (rollouts, trees, train updates) each step."),
 ) -> None:
@@ -349,10 +359,12 @@ def run(
     per phase, ETA) under a progress bar over the steps; --verbose adds each stage's own tables.
 
     Example: clawgym run recipes/quickstart.toml
+
+    Example: clawgym run recipes/toy.toml run.name=toy-lr train.lr=0.01 run.steps=4
     """
     from clawgym.loop import run as _run
 
-    lines = _run(recipe, resume=resume, console=err, verbose=verbose)
+    lines = _run(recipe, overrides=overrides or [], resume=resume, console=err, verbose=verbose)
     if lines:
         last = lines[-1].values
         typer.echo(f"{len(lines)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
@@ -552,26 +564,55 @@ class _Terminated(KeyboardInterrupt):
     finished rollouts and checkpoints kept): a script's trap, a CI timeout and `docker stop` send it."""
 
 
+_SIGNALS: list[int] = []
+"""the stop signals this process received: the exit status says which (Typer turns the interrupt
+into a plain exit 130, and serve-proxy's event loop takes both signals itself)"""
+
+
 def _terminate(signum: int, frame: object) -> None:
+    _SIGNALS.append(signum)
     raise _Terminated()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _SIGNALS.append(signum)
+    raise KeyboardInterrupt()
+
+
+def _stopped() -> None:
+    """One line and the shell's status for a stop signal: 143 after SIGTERM, 130 after SIGINT."""
+    import signal
+
+    term = signal.SIGTERM in _SIGNALS
+    err.print("terminated (SIGTERM)" if term else "interrupted (SIGINT)", highlight=False)
+    sys.exit(143 if term else 130)
 
 
 def main() -> None:
     """Console entry point: run the app, turning expected failures into one line and exit 1
-    (130 after Ctrl-C, 143 after SIGTERM)."""
+    (130 after Ctrl-C or SIGINT, 143 after SIGTERM)."""
+    import os
     import signal
 
     from clawgym.artifacts import ArtifactError
 
+    # models are directories here: nothing asks a hub unless the user turns this off for a hub id
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored SIGINT (a background job) stays ignored
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         app()
     except (UserError, ArtifactError) as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # the message as written: it names sections and extras in brackets ([train], 'clawgym[lora]'), not markup
+        err.print(Text("error: ", style="bold red") + Text(str(e)), highlight=False, soft_wrap=True)
         sys.exit(1)
-    except KeyboardInterrupt as e:
-        err.print("terminated" if isinstance(e, _Terminated) else "interrupted")
-        sys.exit(143 if isinstance(e, _Terminated) else 130)
+    except KeyboardInterrupt:
+        _stopped()
+    except SystemExit:
+        if _SIGNALS:
+            _stopped()
+        raise
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym import console as C
-from clawgym.config import Recipe, load_recipe, recipe_to_toml
+from clawgym.config import Recipe, check_tasks, load_recipe, recipe_to_toml
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
 
@@ -57,6 +57,8 @@ def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
 
 
 def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
+    """The run directory, checked against the recipe; recipe.toml is written by `run` once the sinks
+    started, so a run stopped before any work leaves none behind (its rerun is not refused)."""
     run = RunLayout(recipe.run_dir)
     text = recipe_to_toml(recipe)
     if run.recipe.exists() and not resume:
@@ -64,17 +66,18 @@ def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
     if run.recipe.exists() and run.recipe.read_text() != text:
         raise UserError(f"{run.recipe} differs from {recipe.path}: a run resumes with the recipe it started with")
     run.root.mkdir(parents=True, exist_ok=True)
-    A.atomic_write_bytes(run.recipe, text.encode())
     return run
 
 
-def run(recipe_path: str | Path, *, resume: bool = False, console: Console | None = None,
-        verbose: bool = False) -> list[A.MetricsLine]:
-    """The loop (module docstring). `console` gets one line per step under a progress bar over the
-    steps; with `verbose` every stage also prints its own tables there."""
+def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (), resume: bool = False,
+        console: Console | None = None, verbose: bool = False) -> list[A.MetricsLine]:
+    """The loop (module docstring). `overrides` ("train.lr=0.1") set recipe keys over the file's.
+    `console` gets one line per step under a progress bar over the steps; with `verbose` every stage
+    also prints its own tables there."""
     console = console or C.STDERR
     stages = console if verbose else C.QUIET
-    recipe = load_recipe(recipe_path)
+    recipe = load_recipe(recipe_path, overrides)
+    check_tasks(recipe)
     run = _prepare(recipe, resume)
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
     first = 1
@@ -84,7 +87,8 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,
                        first_step=min([first, *(s for s in range(1, first) if s not in reported)]),
-                       config=tomllib.loads(run.recipe.read_text()))  # the resolved recipe, plain values
+                       config=tomllib.loads(recipe_to_toml(recipe)))  # the resolved recipe, plain values
+    A.atomic_write_bytes(run.recipe, recipe_to_toml(recipe).encode())
 
     def report(line: A.MetricsLine) -> None:
         A.append_metrics(run.metrics, line)  # the source of truth first, then the sinks

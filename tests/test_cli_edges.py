@@ -1,0 +1,245 @@
+"""The command line at its edges, through real `clawgym` subprocesses: errors printed as written with
+the section, the extra and the closest key; recipe values checked at load, before any file is
+written; `--model` checked as a path; overrides typed by their field; secrets redacted by name;
+SIGTERM → 143 and SIGINT → 130 with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from clawgym import artifacts as A
+from clawgym.errors import UserError
+from toy import write_toy_recipe
+
+CLI = [sys.executable, "-m", "clawgym.cli"]
+TOY = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "toy"
+
+
+def clawgym(*args: str, cwd: Path, timeout: float = 120, prelude: str = "") -> subprocess.CompletedProcess:
+    """`clawgym ARGS` in a subprocess; `prelude` runs first in that process (e.g. to hide a package)."""
+    cmd = CLI + list(args) if not prelude else [sys.executable, "-c", f"{prelude}\nimport sys\nfrom clawgym.cli import main\n"
+                                                f"sys.argv = ['clawgym', *{list(args)!r}]\nmain()"]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def small_recipe(tmp: Path, body: str = "") -> Path:
+    """A recipe on one toy task; `body` is appended (it may repeat no table the base has)."""
+    return _recipe(tmp, body)
+
+
+def _recipe(tmp: Path, body: str) -> Path:
+    path = write_toy_recipe(tmp, "edge", steps=1, n=2, tasks=1, max_tokens=4, concurrency=2)
+    path.write_text(path.read_text() + "\n" + body)
+    return path
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    return lines[0]
+
+
+# --- 1. errors as written, checked at load, nothing written ------------------------------------
+
+
+@pytest.mark.parametrize("body,message", [
+    ("[trian]\nlr = 0.1\n", "unknown section [trian] (did you mean 'train'?); known: engine,"),
+    ("[eval]\nevrey = 2\n", "[eval]: unknown key 'evrey' (did you mean 'every'?); known:"),
+    ("[rollout.agentlop]\nmax_tokens = 8\n", "[rollout]: unknown key 'agentlop' (did you mean 'agentloop'?)"),
+    ("[sft]\nn = -1\n", "[sft] key 'n' must be at least 0, got -1"),
+])
+def test_recipe_errors_print_brackets_and_suggest_the_closest_key(tmp_path: Path, body: str, message: str) -> None:
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path, body)), cwd=tmp_path))
+    assert message in line, line
+    assert not (tmp_path / "runs").exists()  # refused before any file
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.lrr=0.1", "override 'train.lrr=0.1': unknown key 'lrr' in [train] (did you mean 'lr'?)"),
+    ("train.algo=gpro", "[train] key 'algo': unknown 'gpro' (did you mean 'grpo'?); choose one of: grpo, ppo, sft"),
+    ("train.tis=tokn", "[train] key 'tis': unknown 'tokn' (did you mean 'token'?)"),
+    ("train.epochs=0", "[train] key 'epochs' must be at least 1, got 0"),
+    ("train.kl_coef=0.1", "[train] key 'kl_coef' > 0 needs 'ref_model'"),
+    ("rollout.agentloop.max_tokns=8", "[rollout.agentloop]: unknown key 'max_tokns' (did you mean 'max_tokens'?)"),
+    ("rollout.agentloop.max_tokens=0", "[rollout.agentloop]: agentloop option 'max_tokens' must be an integer >= 1, got 0"),
+    ("rollout.n=many", "[rollout] key 'n' must be int, got str 'many'"),
+    ("trian.lr=1", "override 'trian.lr=1': unknown section [trian] (did you mean 'train'?)"),
+    ("lr=1", "override 'lr=1': expected SECTION.KEY=VALUE"),
+])
+def test_bad_values_and_overrides_fail_at_load_before_any_file(tmp_path: Path, override: str, message: str) -> None:
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path)), override, cwd=tmp_path))
+    assert message in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_extra_is_named_and_leaves_no_recipe_behind(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path, "[log]\ntensorboard = true\n")
+    proc = clawgym("run", str(recipe), cwd=tmp_path, prelude="import sys; sys.modules['tensorboard'] = None")
+    line = one_line_error(proc)
+    assert line.endswith("[log] key 'tensorboard' needs the tensorboard package: pip install 'clawgym[tensorboard]'"), line
+    assert not (tmp_path / "runs" / "edge" / "recipe.toml").exists()  # the rerun after the install is not refused
+
+
+def test_an_empty_task_folder_stops_the_run_before_it_writes(tmp_path: Path) -> None:
+    (tmp_path / "none").mkdir()
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path)), f"rollout.tasks={tmp_path / 'none'}", cwd=tmp_path))
+    assert "[rollout] key 'tasks'" in line and "holds no task folders" in line
+    assert not (tmp_path / "runs").exists()
+
+
+# --- 2. --model is a path ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_a_wrong_model_path_is_one_line_and_leaves_no_config(tmp_path: Path, command: str) -> None:
+    t0 = time.monotonic()
+    proc = clawgym(command, "--tasks", str(TOY), "--harness", "agentloop", "--model", "Qwen/not-here", "--out", "out", cwd=tmp_path)
+    line = one_line_error(proc)
+    assert line == ("error: --model Qwen/not-here is not a model directory (no config.json); give an HF model directory "
+                    "(make one with `clawgym init-model`)")
+    assert not (tmp_path / "out").exists()  # no stray rollout.config.json
+    assert time.monotonic() - t0 < 60  # no hub retries
+
+
+# --- 5. overrides --------------------------------------------------------------------------------
+
+
+def test_overrides_are_typed_by_their_field(tmp_path: Path) -> None:
+    from clawgym.config import load_recipe, recipe_to_toml
+
+    recipe = small_recipe(tmp_path)
+    (tmp_path / "held").mkdir()
+    r = load_recipe(recipe, ["train.lr=0.5", "run.name=123", "run.steps=3", "rollout.harnesses=agentloop",
+                             "rollout.agentloop.max_tokens=16", "eval.tasks=held", "engine.dtype=float32",
+                             "train.share_prefixes=false", "rollout.timeout=30"])
+    assert r.train["lr"] == 0.5 and isinstance(r.train["lr"], float)
+    assert r.run.name == "123" and r.run.steps == 3 and r.rollout.harnesses == ["agentloop"]
+    assert r.rollout.harness_options["agentloop"]["max_tokens"] == 16
+    assert r.eval.tasks == Path.cwd() / "held"  # a path on the command line is from the working directory
+    assert r.engine.options == {"dtype": "float32"} and r.train["share_prefixes"] is False and r.rollout.timeout_s == 30
+    text = recipe_to_toml(r)
+    assert "lr = 0.5" in text and 'name = "123"' in text and "max_tokens = 16" in text
+
+
+@pytest.mark.slow
+def test_a_run_records_its_overrides_and_resume_counts_them(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path)
+    proc = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = (tmp_path / "runs" / "over" / "recipe.toml").read_text()
+    assert "lr = 0.01" in saved and "n = 2" in saved
+    config = orjson.loads((tmp_path / "runs" / "over" / "step-0001" / "rollout.config.json").read_bytes())
+    assert config["harness_options"]["agentloop"]["max_tokens"] == 4  # a setting named *tokens* is not a secret
+    # the same overrides resume; a changed one is the changed recipe a resume refuses
+    again = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", "--resume", cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    line = one_line_error(clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.02", "run.name=over", "--resume", cwd=tmp_path))
+    assert "differs from" in line and "lr" in line, line
+
+
+# --- 4. secrets by name --------------------------------------------------------------------------
+
+
+def test_secrets_are_redacted_by_name_and_token_settings_survive(tmp_path: Path) -> None:
+    from clawgym.train.config import TrainConfig
+
+    A.write_config(tmp_path / "c.json", {"admin_token": "adm", "api_key": "sk", "max_tokens": 8, "token_budget": 4096,
+                                         "engine_options": {"hf_token": "hf_x", "max_tokens": 8}})
+    saved = orjson.loads((tmp_path / "c.json").read_bytes())
+    assert saved == {"admin_token": "<redacted>", "api_key": "<redacted>", "max_tokens": 8, "token_budget": 4096,
+                     "engine_options": {"hf_token": "<redacted>", "max_tokens": 8}}
+    A.write_config(tmp_path / "t.json", TrainConfig(trees=Path("t"), rollouts=Path("r"), model=Path("m"), out=Path("o"), token_budget=1234))
+    assert orjson.loads((tmp_path / "t.json").read_bytes())["token_budget"] == 1234
+
+
+# --- 4. stop signals -----------------------------------------------------------------------------
+
+
+def _one_task(tmp: Path) -> Path:
+    import shutil
+
+    dest = tmp / "tasks"
+    if not dest.exists():
+        shutil.copytree(sorted(TOY.iterdir())[0], dest / "t0")
+    return dest
+
+
+def _script(path: Path, delay: float, n: int = 64) -> Path:
+    path.write_text("".join(orjson.dumps({"rollout_id": "*", "text": "42", "delay_s": delay}).decode() + "\n" for _ in range(n)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def step_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """A step directory with rollouts, calls and trees of two scripted rollouts on one toy task."""
+    tmp = tmp_path_factory.mktemp("step")
+    out = tmp / "step-0001"
+    proc = clawgym("rollout", "--tasks", str(_one_task(tmp)), "--harness", "agentloop", "--n", "2", "--model", str(tiny_model),
+                   "--engine", "scripted", "--script", str(_script(tmp / "s.jsonl", 0.0)), "--out", str(out), cwd=tmp, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = clawgym("build-trees", str(out), cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _stop_when(proc: subprocess.Popen, ready, sig: int, timeout: float = 240, settle: float = 1.0) -> tuple[int, str]:
+    """Send `sig` `settle` seconds after ready() holds (while the process still runs); the exit status and stderr."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "never got ready"
+        time.sleep(0.2)
+    time.sleep(settle)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def _assert_stopped(code: int, err: str, sig: int) -> None:
+    assert "Traceback" not in err, err[-3000:]
+    if sig == signal.SIGTERM:
+        assert code == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)", (code, err[-2000:])
+    else:
+        assert code == 130 and err.strip().splitlines()[-1] == "interrupted (SIGINT)", (code, err[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_rollout_stops_on_a_signal_with_the_shells_status(tmp_path: Path, tiny_model: Path, sig: int) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(CLI + ["rollout", "--tasks", str(_one_task(tmp_path)), "--harness", "agentloop", "--n", "2",
+                                   "--model", str(tiny_model), "--engine", "scripted", "--script",
+                                   str(_script(tmp_path / "s.jsonl", 60.0)), "--out", str(out)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a few seconds after the proxy started, both rollouts wait on the scripted 60 s delay
+    code, err = _stop_when(proc, (out / "records").exists, sig, settle=8.0)
+    _assert_stopped(code, err, sig)
+
+
+@pytest.mark.slow
+def test_train_stops_on_sigterm_with_143(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    metrics = tmp_path / "train.jsonl"
+    proc = subprocess.Popen(CLI + ["train", str(step_dir), "--model", str(tiny_model), "--out", str(tmp_path / "ck"),
+                                   "--algo", "ppo", "--epochs", "1000", "--metrics", str(metrics)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code, err = _stop_when(proc, metrics.exists, signal.SIGTERM)
+    _assert_stopped(code, err, signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_run_stops_on_sigterm_with_143(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path)
+    proc = subprocess.Popen(CLI + ["run", str(recipe), "rollout.n=2"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    code, err = _stop_when(proc, (tmp_path / "runs" / "edge" / "recipe.toml").exists, signal.SIGTERM)
+    _assert_stopped(code, err, signal.SIGTERM)
