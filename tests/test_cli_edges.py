@@ -143,7 +143,7 @@ def test_a_run_records_its_overrides_and_resume_counts_them(tmp_path: Path) -> N
     again = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", "--resume", cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     line = one_line_error(clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.02", "run.name=over", "--resume", cwd=tmp_path))
-    assert "differs from" in line and "lr" in line, line
+    assert line.endswith("and its overrides (train.lr): a run resumes with the recipe it started with"), line
 
 
 # --- 4. secrets by name --------------------------------------------------------------------------
@@ -243,3 +243,69 @@ def test_run_stops_on_sigterm_with_143(tmp_path: Path) -> None:
                             stderr=subprocess.PIPE, text=True)
     code, err = _stop_when(proc, (tmp_path / "runs" / "edge" / "recipe.toml").exists, signal.SIGTERM)
     _assert_stopped(code, err, signal.SIGTERM)
+
+
+# --- 3. reruns: same settings resume, other settings are refused -------------------------------
+
+
+def _copy_step(step_dir: Path, tmp: Path) -> Path:
+    import shutil
+
+    dest = tmp / "run" / "step-0001"
+    shutil.copytree(step_dir, dest)
+    return dest
+
+
+def test_a_rollout_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    out = _copy_step(step_dir, tmp_path)
+    before = (out / "rollouts.parquet").read_bytes()
+    proc = clawgym("rollout", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--n", "1", "--model",
+                   str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--timeout", "90",
+                   "--out", str(out), cwd=tmp_path)
+    line = one_line_error(proc)
+    assert "was made with other settings (n: 2 → 1; timeout_s: " in line and "or pass --force to start over" in line, line
+    assert (out / "rollouts.parquet").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_rollout_rerun_with_the_same_settings_resumes_and_force_starts_over(tmp_path: Path, tiny_model: Path,
+                                                                             step_dir: Path) -> None:
+    out = _copy_step(step_dir, tmp_path)
+    args = ["rollout", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--model", str(tiny_model),
+            "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--out", str(out)]
+    proc = clawgym(*args, "--n", "2", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{out}: same settings as its rollouts; resuming (finished rollouts kept)" in proc.stderr
+    assert len(A.read_table(out / "rollouts.parquet", A.RolloutRecord)) == 2
+    proc = clawgym(*args, "--n", "1", "--force", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(A.read_table(out / "rollouts.parquet", A.RolloutRecord)) == 1
+    assert not (out / "trees.parquet").exists()  # made from the old rollouts: gone with them
+
+
+def test_a_build_trees_rerun_appends_no_second_metrics_line(tmp_path: Path, step_dir: Path) -> None:
+    out = _copy_step(step_dir, tmp_path)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    first = clawgym("build-trees", str(out), "--force", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = clawgym("build-trees", str(out), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{out / 'trees.parquet'}: same settings as its trees; rebuilding (its metrics line is already in {metrics})" in again.stderr
+    assert [m.step for m in A.read_metrics(metrics)] == [1]
+    line = one_line_error(clawgym("build-trees", str(out), "--max-leaves", "3", cwd=tmp_path))
+    assert "was made with other settings (max_leaves: 64 → 3)" in line, line
+
+
+@pytest.mark.slow
+def test_a_train_rerun_resumes_with_the_same_settings_and_refuses_others(tmp_path: Path, tiny_model: Path,
+                                                                        step_dir: Path) -> None:
+    args = ["train", str(step_dir), "--model", str(tiny_model), "--out", str(tmp_path / "ck"), "--algo", "ppo",
+            "--metrics", str(tmp_path / "train.jsonl")]
+    assert (proc := clawgym(*args, cwd=tmp_path, timeout=300)).returncode == 0, proc.stderr[-3000:]
+    again = clawgym(*args, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{tmp_path / 'ck'}: same settings as its checkpoint; resuming (a complete one is kept)" in again.stderr
+    line = one_line_error(clawgym(*args, "--lr", "0.5", cwd=tmp_path))
+    assert "was made with other settings (lr: " in line and "--force" in line, line
+    assert (proc := clawgym(*args, "--lr", "0.5", "--force", cwd=tmp_path, timeout=300)).returncode == 0, proc.stderr[-3000:]

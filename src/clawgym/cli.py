@@ -188,10 +188,15 @@ def serve_proxy(
 # --- collect -----------------------------------------------------------------------------------
 
 
-def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
+FORCE_HELP = "Start over when --out holds this stage's output made with other settings (a rerun with the same settings resumes)."
+
+
+def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+            force: bool = typer.Option(False, "--force", help=FORCE_HELP), **options: Any) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
-    Rerunning into the same --out resumes: finished rollouts are kept, unfinished ones run again.
+    Rerunning into the same --out with the same settings resumes: finished rollouts are kept,
+    unfinished ones run again; other settings are refused (--force starts over).
 
     Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
 
@@ -199,13 +204,29 @@ def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **op
     """
     from clawgym.rollout.runner import run_rollouts
 
+    from clawgym.settings import check_rerun
+
     cfg = _rollout_config(options)
+    out = StepLayout(cfg.out)
+    if check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out)):
+        err.print(f"{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept)", highlight=False, soft_wrap=True)
+    elif force:
+        _start_over(out)
     with _result(json_out) as report:
         summary = run_rollouts(cfg, err)
         mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
         status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
         report(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {cfg.out}",
                summary.to_json())
+
+
+def _start_over(out: StepLayout) -> None:
+    """Remove a step folder's rollout outputs and the trees made from them (`rollout --force`)."""
+    import shutil
+
+    for path in (out.results, out.transcripts, out.rollouts, out.calls, out.rollout_config, out.trees, out.trees_config):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(out.records, ignore_errors=True)
 
 
 @dataclass
@@ -260,6 +281,7 @@ def build_trees(
     max_leaves: int = typer.Option(64, min=1, help="Drop a rollout whose tree has more leaves than this (over-branching)."),
     metrics: Optional[Path] = typer.Option(None, help="metrics.jsonl to append the trees/ line to (default for a step-NNNN dir: the run's)."),
     step: Optional[int] = typer.Option(None, help="Step number of the metrics line (default: from STEP_DIR's name or the rollouts)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild when --out was built with other settings (and append its metrics line)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Rebuild each rollout's calls into one prefix tree over token ids, filter it, and report.
@@ -270,7 +292,22 @@ def build_trees(
     """
     from clawgym.trees import resolve_config, run_build_trees
 
+    import orjson
+
+    from clawgym.artifacts import read_metrics
+    from clawgym.layout import config_beside
+    from clawgym.settings import check_rerun
+
     config = resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step)
+    if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)):
+        # the same trees again: rebuilt (cheap, exact), but its metrics line is written once
+        made = config.step if config.step is not None else orjson.loads(config_beside(Path(config.out)).read_bytes()).get("step")
+        logged = config.metrics is not None and Path(config.metrics).exists() and any(
+            m.step == made and any(k.startswith("trees/") for k in m.values) for m in read_metrics(config.metrics))
+        err.print(f"{config.out}: same settings as its trees; rebuilding" + (f" (its metrics line is already in {config.metrics})"
+                                                                             if logged else ""), highlight=False, soft_wrap=True)
+        if logged:
+            config = dataclasses.replace(config, metrics=None)
     with _result(json_out) as report:
         stats = run_build_trees(config, err)
         values = stats.to_metrics(config.step or 0).values
@@ -295,13 +332,19 @@ def train(
     """
     from clawgym.train.loop import train as _train
 
+    from clawgym.settings import check_rerun
+
     trees, rollouts = options.pop("trees"), options.pop("rollouts")
     if trees is None or rollouts is None:
         if step is None:
             raise UserError("give a step directory, or both --trees and --rollouts")
         trees, rollouts = trees or StepLayout(step).trees, rollouts or StepLayout(step).rollouts
+    cfg = TrainConfig(trees=trees, rollouts=rollouts, **options)
+    if check_rerun("train", Path(cfg.out) / "train_config.json", cfg, force=cfg.force, what=str(cfg.out)):
+        err.print(f"{cfg.out}: same settings as its checkpoint; resuming (a complete one is kept)", highlight=False, soft_wrap=True)
+        cfg = dataclasses.replace(cfg, resume=True)
     with _result(json_out) as report:
-        result = _train(TrainConfig(trees=trees, rollouts=rollouts, **options), err)
+        result = _train(cfg, err)
         report(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens",
                {"checkpoint": Path(result.out).resolve(), "updates": result.updates, "rollouts": result.rollouts,
                 "trainable_tokens": result.trainable_tokens,

@@ -64,9 +64,23 @@ def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
     if run.recipe.exists() and not resume:
         raise UserError(f"{run.root} already holds a run; pass --resume to continue it, or choose another [run] name")
     if run.recipe.exists() and run.recipe.read_text() != text:
-        raise UserError(f"{run.recipe} differs from {recipe.path}: a run resumes with the recipe it started with")
+        old, new = _flat(tomllib.loads(run.recipe.read_text())), _flat(tomllib.loads(text))
+        keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        raise UserError(f"{run.recipe} differs from {recipe.path} and its overrides ({', '.join(keys)}): a run resumes "
+                        "with the recipe it started with")
     run.root.mkdir(parents=True, exist_ok=True)
     return run
+
+
+def _flat(doc: dict, prefix: str = "") -> dict[str, object]:
+    """A TOML document's values by dotted key (train.lr, rollout.agentloop.max_tokens)."""
+    out: dict[str, object] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (), resume: bool = False,
