@@ -350,9 +350,6 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
             raise UserError(f"{where} [rollout] key 'harnesses': unknown harness '{h}'; choose from: {', '.join(harnesses)}")
     if not r.rollout.harnesses:
         raise UserError(f"{where} [rollout] key 'harnesses' must name at least one harness")
-    _validate_harness_options(r, where)
-    _validate_train(r, where)
-    _check_extras(r, where)
 
 
 def _validate_harness_options(r: Recipe, where: str) -> None:
@@ -437,9 +434,20 @@ def _validate_sft(r: Recipe, where: str) -> None:
         raise UserError(f"{where} [sft] key 'tasks': {tasks} is not a directory")
 
 
-def check_tasks(r: Recipe) -> None:
-    """The task folders a run collects on exist: checked before the run writes anything (load_recipe
-    checks only that the folder does, so a recipe can be read and written without tasks)."""
+def check_runnable(r: Recipe) -> None:
+    """What `clawgym run` checks after loading a recipe and before it writes anything: the harness
+    options (by building each adapter), the [train] values `clawgym train` would refuse, the optional
+    packages the recipe needs, and the task folders. Kept out of `load_recipe`, which imports neither
+    torch nor the harness adapters (reading and writing a recipe stays light)."""
+    where = str(r.path)
+    _validate_harness_options(r, where)
+    _validate_train(r, where)
+    _check_extras(r, where)
+    _check_tasks(r)
+
+
+def _check_tasks(r: Recipe) -> None:
+    """The task folders hold tasks (load_recipe checks only that the folders exist)."""
     from clawgym.tasks.spec import find_task_dirs
 
     named = [("rollout", r.rollout.tasks if r.offline.from_run is None else None), ("eval", r.eval.tasks), ("sft", r.sft.tasks)]

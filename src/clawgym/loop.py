@@ -29,7 +29,7 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym import console as C
-from clawgym.config import Recipe, check_tasks, load_recipe, recipe_to_toml
+from clawgym.config import Recipe, check_runnable, load_recipe, recipe_to_toml
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
 
@@ -91,7 +91,7 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
     console = console or C.STDERR
     stages = console if verbose else C.QUIET
     recipe = load_recipe(recipe_path, overrides)
-    check_tasks(recipe)
+    check_runnable(recipe)  # harness options, [train] values, extras, tasks: before any file is written
     run = _prepare(recipe, resume)
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
     first = 1
