@@ -309,3 +309,127 @@ def test_a_train_rerun_resumes_with_the_same_settings_and_refuses_others(tmp_pat
     line = one_line_error(clawgym(*args, "--lr", "0.5", cwd=tmp_path))
     assert "was made with other settings (lr: " in line and "--force" in line, line
     assert (proc := clawgym(*args, "--lr", "0.5", "--force", cwd=tmp_path, timeout=300)).returncode == 0, proc.stderr[-3000:]
+
+
+# --- 6. tables whole, --json, the proxy's ready file ---------------------------------------------
+
+
+def test_tables_keep_every_digit_at_80_columns_and_in_a_pipe(tmp_path: Path, step_dir: Path) -> None:
+    from rich.table import Table
+
+    from clawgym.console import TableConsole
+
+    def shown(console_class: type, width: int) -> str:
+        table = Table("k3 KL", box=None, show_header=False)
+        table.add_row("2.841234e-14")
+        out = console_class(width=width, record=True, file=open(os.devnull, "w"))
+        out.print(table)
+        return out.export_text()
+
+    from rich.console import Console
+
+    assert "…" in shown(Console, 10)  # what rich does by default in a column too narrow for a number
+    text = shown(TableConsole, 10)
+    assert "…" not in text and "".join(text.split()) == "2.841234e-14"  # folded onto two lines, every digit kept
+    # a real command into a pipe: the table is laid out wide, nothing cut
+    proc = clawgym("inspect", str(step_dir / "trees.parquet"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "…" not in proc.stdout and proc.stdout.strip()
+
+
+def test_inspect_and_mismatch_print_json(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    proc = clawgym("inspect", str(step_dir / "rollouts.parquet"), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = orjson.loads(proc.stdout)
+    summary = {row["key"]: row["value"] for row in data["tables"][0]["rows"]}
+    assert summary["rollouts"] == 2 and data["path"] == str(step_dir / "rollouts.parquet")
+    proc = clawgym("mismatch", "--calls", str(step_dir / "calls.parquet"), "--model", str(tiny_model), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [row] = orjson.loads(proc.stdout)["files"]
+    calls = A.read_table(step_dir / "calls.parquet", A.CallRecord)
+    assert row["calls"] == len(calls) and row["tokens"] == sum(len(c.output_ids) for c in calls)
+    assert isinstance(row["mean_abs"], float) and row["mean_abs"] >= 0
+
+
+@pytest.mark.slow
+def test_serve_proxy_writes_a_ready_file_and_a_json_line(tmp_path: Path, tiny_model: Path) -> None:
+    import urllib.request
+
+    ready = tmp_path / "proxy.json"
+    proc = subprocess.Popen(CLI + ["serve-proxy", "--model", str(tiny_model), "--engine", "scripted", "--port", "0", "--records",
+                                   str(tmp_path / "rec"), "--ready-file", str(ready), "--json"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = orjson.loads(proc.stdout.readline())
+        info = orjson.loads(ready.read_bytes())
+        assert info == line and info["url"] == f"http://127.0.0.1:{info['port']}" and info["admin_url"] == info["url"] + "/admin"
+        assert ready.stat().st_mode & 0o777 == 0o600  # it holds the admin token
+        req = urllib.request.Request(f"{info['admin_url']}/rollouts", data=b'{"rollout_id": "r"}', method="POST",
+                                     headers={"Authorization": f"Bearer {info['admin_token']}"})
+        assert orjson.loads(urllib.request.urlopen(req, timeout=30).read())["base_url"].startswith(info["url"])
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 143
+
+
+# --- 7. modes and retention ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_output_files_take_the_umask(tmp_path: Path, mask: int) -> None:
+    old = os.umask(mask)
+    try:
+        A.atomic_write_bytes(tmp_path / "a.json", b"{}")
+        A.write_table(tmp_path / "r.parquet", [], A.RolloutRecord)
+        A.umask_modes(_tree(tmp_path / "ckpt"))
+    finally:
+        os.umask(old)
+    for f in ("a.json", "r.parquet", "ckpt/model.safetensors"):
+        assert (tmp_path / f).stat().st_mode & 0o777 == 0o666 & ~mask, f
+    assert (tmp_path / "ckpt").stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def _tree(path: Path) -> Path:
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(dir=path.parent))  # 0700, as save_checkpoint's staging folder
+    fd, name = tempfile.mkstemp(dir=tmp)  # 0600
+    os.close(fd)
+    os.replace(name, tmp / "model.safetensors")
+    os.replace(tmp, path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_checkpoint_takes_the_umask(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    proc = clawgym("train", str(step_dir), "--model", str(tiny_model), "--out", str(tmp_path / "ck"), "--algo", "ppo",
+                   "--metrics", str(tmp_path / "t.jsonl"), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mask = A.process_umask()
+    assert (tmp_path / "ck").stat().st_mode & 0o777 == 0o777 & ~mask
+    for name in ("model.safetensors", "optimizer.pt", "train_config.json", "trainer_state.json"):
+        assert (tmp_path / "ck" / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+def test_keep_last_keeps_the_last_n_the_latest_and_the_best_eval(tmp_path: Path) -> None:
+    from clawgym.layout import RunLayout
+    from clawgym.loop import prune_checkpoints
+
+    run = RunLayout(tmp_path)
+    for step in range(1, 7):
+        run.step(step).checkpoint.mkdir(parents=True)
+        values = {"rollout/reward_mean": 0.1 * step, **({"eval/pass@1": {2: 0.9, 4: 0.5, 6: 0.7}[step]} if step % 2 == 0 else {})}
+        A.append_metrics(run.metrics, A.MetricsLine(step, values, time=0.0))
+        prune_checkpoints(run, step, keep_last=2)
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step-0002", "step-0005", "step-0006"]
+
+
+def test_keep_last_is_a_run_key_left_out_of_old_recipes(tmp_path: Path) -> None:
+    from clawgym.config import load_recipe, recipe_to_toml
+
+    recipe = small_recipe(tmp_path)
+    assert "keep_last =" not in recipe_to_toml(load_recipe(recipe))  # a run saved before the key still resumes
+    assert "keep_last = 3" in recipe_to_toml(load_recipe(recipe, ["run.keep_last=3"]))
+    line = one_line_error(clawgym("run", str(recipe), "run.keep_last=-1", cwd=tmp_path))
+    assert "[run] key 'keep_last' must be 0 (keep all) or more, got -1" in line

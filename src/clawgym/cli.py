@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from clawgym import __version__
 from clawgym.console import STDERR
+from clawgym.console import console as out_console
 from clawgym.errors import UserError
 from clawgym.config import EvalSection
 from clawgym.fields import cli_parameters, key_values, option, parse_cli
@@ -151,6 +151,9 @@ def serve_proxy(
     policy_version: int = typer.Option(0, min=0, help="Policy version of --model, recorded on every call until a sync (a restarted pipeline serves step N's checkpoint as N)."),
     tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json (docs/engines.md)."),
     chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
+    ready_file: Optional[Path] = typer.Option(None, "--ready-file", metavar="PATH", help="Once listening, write PATH: one JSON "
+                                              "object {url, port, admin_url, admin_token, records, model, engine, pid} (mode 0600: it holds the token)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the ready line as that JSON object on stdout instead of the human lines."),
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -175,6 +178,23 @@ def serve_proxy(
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
     def ready(url: str, server) -> None:
+        import os
+
+        import orjson
+
+        # the admin API is served on the same address, under /admin
+        info = {"url": url, "port": int(url.rsplit(":", 1)[1]), "admin_url": f"{url}/admin", "admin_token": server.admin_token,
+                "records": str(Path(records).resolve()), "model": str(Path(model).resolve()), "engine": engine, "pid": os.getpid(),
+                "tool_parser": server.tool_parser}
+        if ready_file is not None:
+            tmp = ready_file.with_name(ready_file.name + ".part")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(orjson.dumps(info) + b"\n")
+            os.replace(tmp, ready_file)  # a reader never sees half a file
+        if json_out:
+            typer.echo(orjson.dumps(info).decode())
+            return
         typer.echo(f"serving {model} ({engine}) on {url}; records in {records}; "
                    f"tool parser {server.tool_parser}: {server.tool_parser_source}")
         if admin_token is None:
@@ -408,9 +428,10 @@ def run(
     from clawgym.loop import run as _run
 
     lines = _run(recipe, overrides=overrides or [], resume=resume, console=err, verbose=verbose)
-    if lines:
-        last = lines[-1].values
-        typer.echo(f"{len(lines)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
+    steps = [line for line in lines if line.step >= 1]  # step 0 is the [sft] cold start's line, not an RL step
+    if steps:
+        last = steps[-1].values
+        typer.echo(f"{len(steps)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
 
 
 def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
@@ -425,7 +446,7 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **opti
     cfg = _rollout_config(options)
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
-        scores.print(Console())
+        scores.print(out_console())
         if cfg.verifier.judge is None:
             typer.echo("no judge configured: code scores only")
         out = StepLayout(cfg.out)
@@ -447,6 +468,7 @@ def mismatch(
     model: Path = typer.Option(..., "--model", help="The checkpoint that sampled them (HF directory), as the trainer loads it."),
     policy_version: Optional[int] = typer.Option(None, help="Only calls of this policy version (needed when a file mixes versions)."),
     max_calls: Optional[int] = typer.Option(None, min=1, help="Measure at most this many calls per file."),
+    json_out: bool = typer.Option(False, "--json", help="Print the measurements as one JSON object on stdout (the table goes to stderr)."),
 ) -> None:
     """Compare the engine's logprobs of sampled tokens with the trainer's fp32 recomputation.
 
@@ -457,7 +479,11 @@ def mismatch(
     """
     from clawgym.mismatch import run_mismatch
 
-    run_mismatch(calls, model, Console(), policy_version=policy_version, max_calls=max_calls)
+    rows = run_mismatch(calls, model, err if json_out else out_console(), policy_version=policy_version, max_calls=max_calls)
+    if json_out:
+        import orjson
+
+        typer.echo(orjson.dumps({"model": str(model), "files": [dataclasses.asdict(r) for r in rows]}).decode())
 
 
 # --- looking at artifacts ----------------------------------------------------------------------
@@ -468,6 +494,8 @@ def inspect(
     path: Path = typer.Argument(..., metavar="PATH", help="A Parquet artifact, a JSONL log, a model directory, or a run directory."),
     rollout: Optional[str] = typer.Option(None, help="For trees.parquet: draw this rollout's tree; for transcripts.jsonl: print its conversation."),
     tokenizer: Optional[Path] = typer.Option(None, help="For trees.parquet: a model dir whose tokenizer decodes node text."),
+    json_out: bool = typer.Option(False, "--json", help="Print what the tables show as one JSON object on stdout: "
+                                                         "{path, lines, tables: [{title, rows: [{column: value}]}]}."),
 ) -> None:
     """Print a readable summary of any clawgym artifact or model directory.
 
@@ -475,7 +503,16 @@ def inspect(
     """
     from clawgym.inspect import inspect_path
 
-    inspect_path(path, Console(), rollout=rollout, tokenizer=tokenizer)
+    if not json_out:
+        inspect_path(path, out_console(), rollout=rollout, tokenizer=tokenizer)
+        return
+    import orjson
+
+    from clawgym.console import TableRecorder
+
+    recorder = TableRecorder()
+    inspect_path(path, recorder, rollout=rollout, tokenizer=tokenizer)
+    typer.echo(orjson.dumps({"path": str(path), "lines": recorder.lines, "tables": recorder.tables}).decode())
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -553,7 +590,7 @@ def tasks_validate(
 
     with err.status(f"validating tasks in {path}"):
         report = validate_tasks(path, sandbox=sandbox, sandbox_config=SandboxConfig(network=network), jobs=jobs)
-    print_report(report, Console(), show_all=all_rows)
+    print_report(report, out_console(), show_all=all_rows)
     if json_out:
         atomic_write_bytes(json_out, report.to_json())
     if report.n_invalid:
@@ -599,7 +636,7 @@ def harness_list() -> None:
     for name, make in HARNESSES.items():
         h = make()
         table.add_row(name, h.protocol, h.missing() or "ready")
-    Console().print(table)
+    out_console().print(table)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -641,6 +678,8 @@ def main() -> None:
 
     # models are directories here: nothing asks a hub unless the user turns this off for a hub id
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # transformers' and the hub's tqdm bars ("Loading weights") would break the one-line-per-step output
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     signal.signal(signal.SIGTERM, _terminate)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored SIGINT (a background job) stays ignored
         signal.signal(signal.SIGINT, _interrupt)

@@ -44,6 +44,8 @@ class RunSection:
     dir: Path | None = option(None, "the run directory; default runs/<name> beside the recipe")
     steps: int = option(10, "loop steps (rollouts → trees → train → sync)")
     seed: int = option(0, "the training seed: step N trains with seed + N")
+    keep_last: int = option(0, "keep only the last N step checkpoints, and always the latest and the best-eval one "
+                               "(older ones are removed as the run goes); 0 keeps every one")
 
 
 @dataclass
@@ -334,6 +336,8 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
         raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
     if r.run.steps < 1:
         raise UserError(f"{where} [run] key 'steps' must be at least 1, got {r.run.steps}")
+    if r.run.keep_last < 0:
+        raise UserError(f"{where} [run] key 'keep_last' must be 0 (keep all) or more, got {r.run.keep_last}")
     if r.offline.from_run is None:
         if r.rollout.tasks is None:
             raise UserError(f"{where} [rollout]: 'tasks' (a folder of task folders) is required")
@@ -469,7 +473,8 @@ def recipe_to_toml(r: Recipe) -> str:
     rollout = dataclasses.asdict(r.rollout)
     harness_options = rollout.pop("harness_options")
     doc = {
-        "run": plain({**dataclasses.asdict(r.run), "dir": r.run_dir}),
+        # keep_last only when set, so a run saved before the key existed still resumes with its recipe
+        "run": plain({**{k: v for k, v in dataclasses.asdict(r.run).items() if k != "keep_last" or v}, "dir": r.run_dir}),
         "model": plain(dataclasses.asdict(r.model)),
         # tool_parser and chat_template only when set: a run saved before the keys existed still resumes with its recipe
         "engine": plain({"name": r.engine.name, **({"tool_parser": r.engine.tool_parser} if r.engine.tool_parser != "auto" else {}),

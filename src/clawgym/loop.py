@@ -94,9 +94,8 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
     check_runnable(recipe)  # harness options, [train] values, extras, tasks: before any file is written
     run = _prepare(recipe, resume)
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
-    first = 1
-    while first <= recipe.run.steps and _complete_checkpoint(run.step(first).checkpoint):
-        first += 1
+    # the step after the last trained one (with [run] keep_last, earlier checkpoints may be gone)
+    first = 1 + max((s for s in range(1, recipe.run.steps + 1) if _complete_checkpoint(run.step(s).checkpoint)), default=0)
     from clawgym.sinks import close_sinks, open_sinks
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,
@@ -133,6 +132,8 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
                     line = A.MetricsLine(step, values, time=time.time())
                     report(line)
                     progress.finished(step, values, None if step < first else values["time/step_s"])
+                    if recipe.run.keep_last:
+                        prune_checkpoints(run, step, recipe.run.keep_last)
                     from clawgym.plots import write_plots
 
                     write_plots(run.root)
@@ -143,6 +144,21 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
 
         write_table(run, console)
     return A.read_metrics(run.metrics)
+
+
+def prune_checkpoints(run: RunLayout, step: int, keep_last: int) -> list[int]:
+    """Remove the step checkpoints up to `step` but the last `keep_last`, the latest and the one
+    with the best eval Pass@1 so far (the later on a tie); returns the steps removed."""
+    steps = [s for s in range(1, step + 1) if run.step(s).checkpoint.is_dir()]
+    kept = set(steps[-keep_last:]) | {step}
+    scored = [(m.values["eval/pass@1"], m.step) for m in A.read_metrics(run.metrics)
+              if "eval/pass@1" in m.values and 1 <= m.step <= step] if run.metrics.exists() else []
+    if scored:
+        kept.add(max(scored)[1])
+    removed = [s for s in steps if s not in kept]
+    for s in removed:
+        shutil.rmtree(run.step(s).checkpoint)
+    return removed
 
 
 def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages: Console, progress: C.StepProgress,
