@@ -433,3 +433,46 @@ def test_keep_last_is_a_run_key_left_out_of_old_recipes(tmp_path: Path) -> None:
     assert "keep_last = 3" in recipe_to_toml(load_recipe(recipe, ["run.keep_last=3"]))
     line = one_line_error(clawgym("run", str(recipe), "run.keep_last=-1", cwd=tmp_path))
     assert "[run] key 'keep_last' must be 0 (keep all) or more, got -1" in line
+
+
+# --- 8. metric names, lengths and turns, units -----------------------------------------------
+
+
+def test_a_steps_rollout_metrics_have_lengths_turns_and_a_sample_std(step_dir: Path) -> None:
+    import statistics
+
+    from clawgym import metric_names as M
+    from clawgym.layout import StepLayout
+    from clawgym.loop import rollout_values, trees_values
+    from clawgym.train.step_metrics import REDUCTIONS
+
+    values = rollout_values(StepLayout(step_dir))
+    rollouts = A.read_table(step_dir / "rollouts.parquet", A.RolloutRecord)
+    calls = A.read_table(step_dir / "calls.parquet", A.CallRecord)
+    lengths = [sum(len(c.output_ids) for c in calls if c.rollout_id == r.rollout_id) for r in rollouts]
+    assert values[M.RESPONSE_LENGTH_MEAN] == statistics.fmean(lengths) > 0 and values[M.RESPONSE_LENGTH_MAX] == max(lengths)
+    assert values[M.TURNS_MEAN] == statistics.fmean(r.n_calls for r in rollouts) >= 1
+    assert values[M.REWARD_STD] == statistics.stdev(r.reward for r in rollouts)
+    written = [*values, *trees_values(StepLayout(step_dir)), *REDUCTIONS, "eval/pass@1", "eval/pass@1/numbers", "time/step_s"]
+    assert [k for k in written if not M.is_known(k)] == []
+    assert not M.is_known("rollout/new_thing") and not M.is_known("stuff/x")
+
+
+def test_every_peer_name_is_in_the_docs() -> None:
+    from clawgym import metric_names as M
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text(encoding="utf-8")
+    for key, (trl, verl) in M.PEERS.items():
+        assert f"| `{key}` | {trl} | {verl} |" in text, key
+
+
+def test_the_run_summary_counts_rl_steps_not_the_cold_start(monkeypatch, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    import clawgym.loop
+    from clawgym.cli import app
+
+    lines = [A.MetricsLine(s, {"rollout/reward_mean": 0.5}, time=0.0) for s in range(0, 7)]  # step 0: the [sft] line
+    monkeypatch.setattr(clawgym.loop, "run", lambda *a, **k: lines)
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "r.toml")])
+    assert result.exit_code == 0 and result.stdout.strip() == "6 steps; last mean reward 0.500", result.stdout

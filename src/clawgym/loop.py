@@ -29,6 +29,7 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym import console as C
+from clawgym import metric_names as M
 from clawgym.config import Recipe, check_runnable, load_recipe, recipe_to_toml
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
@@ -57,8 +58,9 @@ def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
 
 
 def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
-    """The run directory, checked against the recipe; recipe.toml is written by `run` once the sinks
-    started, so a run stopped before any work leaves none behind (its rerun is not refused)."""
+    """The run directory, checked against the recipe, with the recipe saved in it. `run` calls it
+    after every check that can stop a run before any work (check_runnable), so a refused run leaves
+    no recipe.toml behind and its rerun is not refused."""
     run = RunLayout(recipe.run_dir)
     text = recipe_to_toml(recipe)
     if run.recipe.exists() and not resume:
@@ -69,6 +71,7 @@ def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
         raise UserError(f"{run.recipe} differs from {recipe.path} and its overrides ({', '.join(keys)}): a run resumes "
                         "with the recipe it started with")
     run.root.mkdir(parents=True, exist_ok=True)
+    A.atomic_write_bytes(run.recipe, text.encode())
     return run
 
 
@@ -100,8 +103,7 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,
                        first_step=min([first, *(s for s in range(1, first) if s not in reported)]),
-                       config=tomllib.loads(recipe_to_toml(recipe)))  # the resolved recipe, plain values
-    A.atomic_write_bytes(run.recipe, recipe_to_toml(recipe).encode())
+                       config=tomllib.loads(run.recipe.read_text()))  # the resolved recipe, plain values
 
     def report(line: A.MetricsLine) -> None:
         A.append_metrics(run.metrics, line)  # the source of truth first, then the sinks
@@ -260,20 +262,42 @@ def _copy_offline(src: StepLayout, sdir: StepLayout) -> None:
 
 
 def rollout_values(sdir: StepLayout) -> dict[str, float]:
-    """The rollout/ numbers of a step, from its rollouts.parquet."""
+    """The rollout/ numbers of a step, from its rollouts.parquet and calls.parquet (names: metric_names.py)."""
     rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
     scored = [r.reward for r in rollouts if r.reward is not None]
+    lengths = _response_lengths(sdir, [r.rollout_id for r in rollouts])
+    turns = [r.n_calls for r in rollouts]
     values: dict[str, float] = {
-        "rollout/n": len(rollouts),
-        "rollout/reward_mean": statistics.fmean(scored) if scored else 0.0,
-        "rollout/reward_std": statistics.pstdev(scored) if scored else 0.0,
-        "rollout/infra_error": sum(r.status == "infra_error" for r in rollouts),
-        "rollout/timeout": sum(r.status == "timeout" for r in rollouts),
+        M.ROLLOUTS: len(rollouts),
+        M.REWARD_MEAN: statistics.fmean(scored) if scored else 0.0,
+        M.REWARD_STD: statistics.stdev(scored) if len(scored) > 1 else 0.0,  # sample std, as `rollout --json` and TRL
+        M.INFRA_ERRORS: sum(r.status == "infra_error" for r in rollouts),
+        M.TIMEOUTS: sum(r.status == "timeout" for r in rollouts),
+        M.RESPONSE_LENGTH_MEAN: statistics.fmean(lengths) if lengths else 0.0,
+        M.RESPONSE_LENGTH_MAX: max(lengths, default=0),
+        M.TURNS_MEAN: statistics.fmean(turns) if turns else 0.0,
+        M.TURNS_MAX: max(turns, default=0),
     }
     for h in sorted({r.harness for r in rollouts}):
         hs = [r.reward for r in rollouts if r.harness == h and r.reward is not None]
-        values[f"rollout/reward_mean/{h}"] = statistics.fmean(hs) if hs else 0.0
+        values[f"{M.REWARD_MEAN}/{h}"] = statistics.fmean(hs) if hs else 0.0
     return values
+
+
+def _response_lengths(sdir: StepLayout, rollout_ids: list[str]) -> list[int]:
+    """Tokens each rollout's model calls sampled, in all (from calls.parquet's output_ids, read alone)."""
+    if not sdir.calls.exists():
+        return []
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sdir.calls, columns=["rollout_id", "output_ids"])
+    per_call = pc.list_value_length(table.column("output_ids")).to_pylist()
+    totals = dict.fromkeys(rollout_ids, 0)
+    for rid, n in zip(table.column("rollout_id").to_pylist(), per_call):
+        if rid in totals:
+            totals[rid] += n or 0
+    return list(totals.values())
 
 
 def trees_values(sdir: StepLayout) -> dict[str, float]:
