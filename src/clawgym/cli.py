@@ -223,7 +223,6 @@ def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8000 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
     from clawgym.rollout.runner import run_rollouts
-
     from clawgym.settings import check_rerun
 
     cfg = _rollout_config(options)
@@ -310,13 +309,12 @@ def build_trees(
 
     Example: clawgym build-trees runs/demo/step-0001
     """
-    from clawgym.trees import resolve_config, run_build_trees
-
     import orjson
 
     from clawgym.artifacts import read_metrics
     from clawgym.layout import config_beside
     from clawgym.settings import check_rerun
+    from clawgym.trees import resolve_config, run_build_trees
 
     config = resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step)
     if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)):
@@ -350,9 +348,8 @@ def train(
 
     Example: clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
     """
-    from clawgym.train.loop import train as _train
-
     from clawgym.settings import check_rerun
+    from clawgym.train.loop import train as _train
 
     trees, rollouts = options.pop("trees"), options.pop("rollouts")
     if trees is None or rollouts is None:
