@@ -18,6 +18,7 @@ written as a calls.parquet per engine, and the train–inference mismatch of eac
 from __future__ import annotations
 
 import argparse
+import sys
 import asyncio
 import random
 import statistics
@@ -108,7 +109,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--out", type=Path, help="write OUT/ENGINE/calls.parquet and print their mismatch")
+    ap.add_argument("--small", action="store_true", help="a correctness run in seconds: the hf engine, 2 rollouts of 4 "
+                                                         "tokens, calls and their mismatch in a temporary folder")
     args = ap.parse_args()
+    if args.small:
+        args.engines, args.concurrency, args.max_tokens, args.prompt_tokens = "hf", "2", 4, 16
+        args.out = Path(tempfile.mkdtemp(prefix="clawgym-bench-engines-"))
     console = Console()
     tmp = None
     model = args.model
@@ -142,6 +148,12 @@ def main() -> None:
         console.print(f"calls written to {', '.join(map(str, written))}; model {model}")
     if tmp is not None:
         tmp.cleanup()
+    if args.small:
+        import shutil
+
+        shutil.rmtree(args.out, ignore_errors=True)
+        if not rows or any(r.tokens <= 0 for r in rows):
+            sys.exit("an engine sampled no tokens")
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: the guard keeps it from re-running the bench

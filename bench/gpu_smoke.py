@@ -234,8 +234,10 @@ def stage_report(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", choices=["model", "train", "engine", "report"])
-    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("stage", nargs="?", choices=["model", "train", "engine", "report"])
+    ap.add_argument("--work", type=Path)
+    ap.add_argument("--small", action="store_true", help="every stage's dry run on the CPU (bench/gpu_smoke.sh with "
+                                                         "GPU_SMOKE_DRY=1): the hf engine, segments attention, tiny sizes")
     ap.add_argument("--dry", action="store_true", help="tiny sizes, so the CPU can run every stage")
     ap.add_argument("--attention", default="auto")
     ap.add_argument("--engine", default="vllm")
@@ -246,6 +248,14 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--max-mismatch", type=float, default=0.1, help="mean |Δlogp| above which the engine's weights are wrong")
     args = ap.parse_args()
+    if args.small:
+        import os
+        import subprocess
+
+        script = Path(__file__).with_name("gpu_smoke.sh")
+        sys.exit(subprocess.run(["bash", str(script)], env={**os.environ, "GPU_SMOKE_DRY": "1"}).returncode)
+    if args.stage is None or args.work is None:
+        ap.error("give a stage and --work (or --small)")
     args.work.mkdir(parents=True, exist_ok=True)
     try:
         if args.stage == "engine":

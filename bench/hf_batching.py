@@ -22,6 +22,7 @@ run sampled the same ids (seeded sampling is per request, so batching must not c
 from __future__ import annotations
 
 import argparse
+import sys
 import asyncio
 import random
 import statistics
@@ -72,7 +73,11 @@ def main() -> None:
     ap.add_argument("--gap", type=float, help="seconds between arrivals (default: a quarter of one request alone)")
     ap.add_argument("--repeats", type=int, default=2, help="runs per mode, alternating; the fastest of each is shown")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--small", action="store_true", help="a correctness run in seconds: 3 requests of 4 tokens, one repeat; "
+                                                         "exits 1 unless every run sampled the same ids")
     a = ap.parse_args()
+    if a.small:
+        a.requests, a.max_tokens, a.prompt_tokens, a.repeats = 3, 4, 16, 1
     with tempfile.TemporaryDirectory() as tmp:
         path = model_dir(a.model, Path(tmp))
         rng = random.Random(0)
@@ -100,6 +105,8 @@ def main() -> None:
     same = all(r[4] == runs["wait"][0][4] for rs in runs.values() for r in rs)
     print(f"join/wait: tokens/s x{(jt / jw) / (wt / ww):.2f}, CPU s x{jc / wc:.2f}, "
           f"mean latency x{statistics.mean(jl) / statistics.mean(wl):.2f}; same sampled ids in every run: {same}")
+    if a.small and not same:
+        sys.exit("the two admission modes sampled different ids")
 
 
 if __name__ == "__main__":

@@ -186,7 +186,10 @@ if __name__ == "__main__":
     ap.add_argument("--tool-chars", type=int, default=400, help="characters of each tool output (sets the context size)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="20 conversations, 50 clients x 2, turn 30")
+    ap.add_argument("--small", action="store_true", help="a correctness run in seconds: 4 conversations, 8 clients x 1, turn 6")
     a = ap.parse_args()
-    if a.quick:
+    if a.small:
+        a.calls, a.clients, a.per_client, a.turns, a.reps = 4, 8, 1, 6, 1
+    elif a.quick:
         a.calls, a.clients, a.per_client, a.turns, a.reps = 20, 50, 2, 30, 3
     asyncio.run(main(a))

@@ -98,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--harness", action="append", choices=list(VARIANTS), help="a row to measure (repeatable; default all)")
     ap.add_argument("--instruction", default=INSTRUCTION, help="the task's instruction")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines too")
+    ap.add_argument("--small", action="store_true", help="the claude-code row only, checked to share a prefix "
+                                                         "(exits 0 with a note when the harness is not installed)")
     args = ap.parse_args(argv)
+    if args.small:
+        args.harness = ["claude-code"]
     from transformers import AutoTokenizer
 
     import clawgym
@@ -125,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         for r in rows:
             print(json.dumps(r))
+    if args.small:  # correctness only: two rollouts of one task share the start of their first prompt
+        return 0 if all(r["shared"] > 0 for r in rows) else 1
     return 0 if rows else 1
 
 

@@ -360,7 +360,12 @@ def main() -> None:
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--results", default=str(Path(__file__).parent / "results"), help="folder for soak.json and soak_rss.png")
     ap.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--small", action="store_true", help="a correctness run in seconds: 8 rollouts x 4 calls, no baseline, "
+                                                         "figures in a temporary folder")
     args = ap.parse_args()
+    if args.small:
+        args.rollouts, args.calls, args.no_baseline = 8, 4, True
+        args.results = tempfile.mkdtemp(prefix="clawgym-soak-small-")
     if args.bare_server:
         bare_server(args.bare_server)
         return

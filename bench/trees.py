@@ -19,6 +19,7 @@ is extrapolated to all of them. Both builds must give the same trees on the samp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import resource
@@ -142,6 +143,11 @@ def generate(shape: Shape, seed: int = 0) -> tuple[pa.Table, list[RolloutRecord]
         "tool_names": pa.array([["Bash", "Read", "Edit", "Task"]] * n, pa.list_(pa.string())),
         "system_hash": ["abc123"] * n, "sampling_json": ["{}"] * n, "render_mode": ["incremental"] * n,
     })
+    # columns the bench has no opinion on take CallRecord's defaults, so a column added later keeps it running
+    defaults = {f.name: f.default for f in dataclasses.fields(CallRecord) if f.default is not dataclasses.MISSING}
+    for field in CallRecord.SCHEMA:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.array([defaults[field.name]] * n, field.type))
     return table, rollouts
 
 

@@ -283,9 +283,10 @@ def test_cli_serves_and_refuses_bad_arguments(tiny_model, tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(30)
-    assert proc.returncode == 0 and (tmp_path / "rec" / "cli.jsonl").exists()
+    assert proc.returncode == 130 and (tmp_path / "rec" / "cli.jsonl").exists()
     # It handles SIGINT itself, even when started with SIGINT ignored (a background job), and
-    # SIGTERM (kill, a container stopping) the same way: exit 0, calls recorded.
+    # SIGTERM (kill, a container stopping) the same way: calls recorded, one line, the shell's
+    # status for the signal (130, 143).
     for sig, preexec in ((signal.SIGINT, lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)), (signal.SIGTERM, None)):
         proc = subprocess.Popen(cli + ["--model", str(tiny_model), "--engine", "scripted", "--port", "0", "--records",
                                        str(tmp_path / f"rec-{sig}"), "--admin-token", "adm"],
@@ -293,7 +294,9 @@ def test_cli_serves_and_refuses_bad_arguments(tiny_model, tmp_path):
         try:
             assert proc.stdout.readline().startswith("serving ")
             os.kill(proc.pid, sig)
-            assert proc.wait(30) == 0, sig
+            assert proc.wait(30) == (143 if sig == signal.SIGTERM else 130), sig
+            assert proc.stderr.read().strip().splitlines()[-1] == ("terminated (SIGTERM)" if sig == signal.SIGTERM
+                                                                   else "interrupted (SIGINT)")
         finally:
             proc.kill()
 

@@ -35,7 +35,7 @@ def _recipe(tmp_path: Path, body: str) -> Path:
 
 
 @pytest.mark.parametrize("body,message", [
-    ("[train]\nlrr = 0.1\n", r"\[train\]: unknown key 'lrr'; known: "),
+    ("[train]\nlrr = 0.1\n", r"\[train\]: unknown key 'lrr' \(did you mean 'lr'\?\); known: "),
     ("[train]\nlr = 'fast'\n", r"\[train\] key 'lr' must be float, got str"),
     ("[train]\nout = 'x'\n", r"\[train\]: unknown key 'out'"),
     ("[trees]\nmax_leaves = true\n", r"\[trees\] key 'max_leaves' must be int, got bool"),

@@ -355,6 +355,29 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def process_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (os.umask sets as it reads,
+    which another thread could see), else by the set-and-restore."""
+    try:
+        line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("Umask:"))
+        return int(line.split()[1], 8)
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def umask_modes(path: str | os.PathLike) -> None:
+    """Give a file or a directory tree made by mkstemp/mkdtemp (0600/0700, private) the modes an
+    ordinary open() or mkdir() would: 0666/0777 less the umask, so output shared on a cluster
+    filesystem is readable as the user's other files are."""
+    path = Path(path)
+    mask = process_umask()
+    for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` so that readers see the old file or the new one, never a mix."""
     path = Path(path)
@@ -365,6 +388,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        umask_modes(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -373,15 +397,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
-_SECRET_KEYS = ("api_key", "token", "secret", "password")
+SECRET_KEYS = frozenset({"api_key", "admin_token", "token", "hf_token", "access_token", "auth_token", "bearer_token",
+                         "secret", "client_secret", "password", "authorization", "wandb_api_key"})
+"""the config keys whose values are credentials, by exact name (any case): a key that merely mentions
+tokens (max_tokens, token_budget) is a setting and is kept"""
 
 
 def redact(value: Any) -> Any:
-    """A copy with the string values of secret-looking keys (api_key, *token*, ...) replaced: configs are
-    shared and committed, keys must never be. A number is no secret (token_budget stays readable)."""
+    """A copy with the values of the keys in SECRET_KEYS replaced: configs are shared and committed,
+    credentials must never be."""
     if isinstance(value, dict):
-        return {k: "<redacted>" if v and isinstance(v, str) and any(s in str(k).lower() for s in _SECRET_KEYS) else redact(v)
-                for k, v in value.items()}
+        return {k: "<redacted>" if v and str(k).lower() in SECRET_KEYS else redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     return value
@@ -423,6 +449,7 @@ def write_table(path: str | os.PathLike, rows: Sequence[Row] | pa.Table, row_typ
         pq.write_table(table, tmp, compression="zstd")
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        umask_modes(tmp)
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
 from clawgym import __version__
 from clawgym.console import STDERR
+from clawgym.console import console as out_console
 from clawgym.errors import UserError
 from clawgym.config import EvalSection
 from clawgym.fields import cli_parameters, key_values, option, parse_cli
@@ -150,6 +151,9 @@ def serve_proxy(
     policy_version: int = typer.Option(0, min=0, help="Policy version of --model, recorded on every call until a sync (a restarted pipeline serves step N's checkpoint as N)."),
     tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json (docs/engines.md)."),
     chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
+    ready_file: Optional[Path] = typer.Option(None, "--ready-file", metavar="PATH", help="Once listening, write PATH: one JSON "
+                                              "object {url, port, admin_url, admin_token, records, model, engine, pid} (mode 0600: it holds the token)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the ready line as that JSON object on stdout instead of the human lines."),
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -174,35 +178,74 @@ def serve_proxy(
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
     def ready(url: str, server) -> None:
+        import os
+
+        import orjson
+
+        # the admin API is served on the same address, under /admin
+        info = {"url": url, "port": int(url.rsplit(":", 1)[1]), "admin_url": f"{url}/admin", "admin_token": server.admin_token,
+                "records": str(Path(records).resolve()), "model": str(Path(model).resolve()), "engine": engine, "pid": os.getpid(),
+                "tool_parser": server.tool_parser}
+        if ready_file is not None:
+            tmp = ready_file.with_name(ready_file.name + ".part")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(orjson.dumps(info) + b"\n")
+            os.replace(tmp, ready_file)  # a reader never sees half a file
+        if json_out:
+            typer.echo(orjson.dumps(info).decode())
+            return
         typer.echo(f"serving {model} ({engine}) on {url}; records in {records}; "
                    f"tool parser {server.tool_parser}: {server.tool_parser_source}")
         if admin_token is None:
             typer.echo(f"admin token: {server.admin_token}")
 
-    serve(config, ready=ready)
+    stopped_by = serve(config, ready=ready)
+    if stopped_by is not None:  # the proxy drained and stopped; main() gives the signal's status
+        _SIGNALS.append(stopped_by)
 
 
 # --- collect -----------------------------------------------------------------------------------
 
 
-def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
+FORCE_HELP = "Start over when --out holds this stage's output made with other settings (a rerun with the same settings resumes)."
+
+
+def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+            force: bool = typer.Option(False, "--force", help=FORCE_HELP), **options: Any) -> None:
     """Run harnesses on tasks in sandboxes against the proxy; score, record and write the step's tables.
 
-    Rerunning into the same --out resumes: finished rollouts are kept, unfinished ones run again.
+    Rerunning into the same --out with the same settings resumes: finished rollouts are kept,
+    unfinished ones run again; other settings are refused (--force starts over).
 
     Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
 
     Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8000 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
     from clawgym.rollout.runner import run_rollouts
+    from clawgym.settings import check_rerun
 
     cfg = _rollout_config(options)
+    out = StepLayout(cfg.out)
+    if check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out)):
+        err.print(f"{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept)", highlight=False, soft_wrap=True)
+    elif force:
+        _start_over(out)
     with _result(json_out) as report:
         summary = run_rollouts(cfg, err)
         mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
         status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
         report(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {cfg.out}",
                summary.to_json())
+
+
+def _start_over(out: StepLayout) -> None:
+    """Remove a step folder's rollout outputs and the trees made from them (`rollout --force`)."""
+    import shutil
+
+    for path in (out.results, out.transcripts, out.rollouts, out.calls, out.rollout_config, out.trees, out.trees_config):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(out.records, ignore_errors=True)
 
 
 @dataclass
@@ -227,6 +270,10 @@ def _rollout_config(options: dict[str, Any]) -> RolloutConfig:
         values["engine_options"]["script"] = str(shorthands.script)
     if shorthands.max_context:
         values["engine_options"]["max_context"] = shorthands.max_context
+    model = values["model"]
+    if model is not None and not (Path(model) / "config.json").is_file():  # before anything loads it, or asks a hub for it
+        raise UserError(f"--model {model} is not a model directory (no config.json); give an HF model directory "
+                        "(make one with `clawgym init-model`)")
     if values["proxy_url"] and values["tool_parser"] != "auto":
         raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
     if values["chat_template"] and values["proxy_url"]:
@@ -253,6 +300,7 @@ def build_trees(
     max_leaves: int = typer.Option(64, min=1, help="Drop a rollout whose tree has more leaves than this (over-branching)."),
     metrics: Optional[Path] = typer.Option(None, help="metrics.jsonl to append the trees/ line to (default for a step-NNNN dir: the run's)."),
     step: Optional[int] = typer.Option(None, help="Step number of the metrics line (default: from STEP_DIR's name or the rollouts)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild when --out was built with other settings (and append its metrics line)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Rebuild each rollout's calls into one prefix tree over token ids, filter it, and report.
@@ -261,9 +309,23 @@ def build_trees(
 
     Example: clawgym build-trees runs/demo/step-0001
     """
+    import orjson
+
+    from clawgym.artifacts import read_metrics
+    from clawgym.layout import config_beside
+    from clawgym.settings import check_rerun
     from clawgym.trees import resolve_config, run_build_trees
 
     config = resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step)
+    if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)):
+        # the same trees again: rebuilt (cheap, exact), but its metrics line is written once
+        made = config.step if config.step is not None else orjson.loads(config_beside(Path(config.out)).read_bytes()).get("step")
+        logged = config.metrics is not None and Path(config.metrics).exists() and any(
+            m.step == made and any(k.startswith("trees/") for k in m.values) for m in read_metrics(config.metrics))
+        err.print(f"{config.out}: same settings as its trees; rebuilding" + (f" (its metrics line is already in {config.metrics})"
+                                                                             if logged else ""), highlight=False, soft_wrap=True)
+        if logged:
+            config = dataclasses.replace(config, metrics=None)
     with _result(json_out) as report:
         stats = run_build_trees(config, err)
         values = stats.to_metrics(config.step or 0).values
@@ -286,6 +348,7 @@ def train(
 
     Example: clawgym train runs/demo/step-0001 --model models/tiny --out runs/demo/checkpoints/step-0001
     """
+    from clawgym.settings import check_rerun
     from clawgym.train.loop import train as _train
 
     trees, rollouts = options.pop("trees"), options.pop("rollouts")
@@ -293,8 +356,12 @@ def train(
         if step is None:
             raise UserError("give a step directory, or both --trees and --rollouts")
         trees, rollouts = trees or StepLayout(step).trees, rollouts or StepLayout(step).rollouts
+    cfg = TrainConfig(trees=trees, rollouts=rollouts, **options)
+    if check_rerun("train", Path(cfg.out) / "train_config.json", cfg, force=cfg.force, what=str(cfg.out)):
+        err.print(f"{cfg.out}: same settings as its checkpoint; resuming (a complete one is kept)", highlight=False, soft_wrap=True)
+        cfg = dataclasses.replace(cfg, resume=True)
     with _result(json_out) as report:
-        result = _train(TrainConfig(trees=trees, rollouts=rollouts, **options), err)
+        result = _train(cfg, err)
         report(f"wrote {result.out}: {result.updates} updates on {result.rollouts} rollouts, {result.trainable_tokens} trainable tokens",
                {"checkpoint": Path(result.out).resolve(), "updates": result.updates, "rollouts": result.rollouts,
                 "trainable_tokens": result.trainable_tokens,
@@ -340,6 +407,9 @@ def sync(
 @app.command("run")
 def run(
     recipe: Path = typer.Argument(..., metavar="RECIPE.toml", help="The recipe: one section per stage (docs/recipes.md)."),
+    overrides: Optional[list[str]] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...",
+                                                    help="Set recipe keys over the file's, typed by the key (train.lr=0.1, "
+                                                         "rollout.n=4, rollout.agentloop.max_tokens=8); saved in RUN/recipe.toml."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed run from its last complete stage."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every stage's tables (rollouts, trees, train updates) each step."),
 ) -> None:
@@ -349,13 +419,16 @@ def run(
     per phase, ETA) under a progress bar over the steps; --verbose adds each stage's own tables.
 
     Example: clawgym run recipes/quickstart.toml
+
+    Example: clawgym run recipes/toy.toml run.name=toy-lr train.lr=0.01 run.steps=4
     """
     from clawgym.loop import run as _run
 
-    lines = _run(recipe, resume=resume, console=err, verbose=verbose)
-    if lines:
-        last = lines[-1].values
-        typer.echo(f"{len(lines)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
+    lines = _run(recipe, overrides=overrides or [], resume=resume, console=err, verbose=verbose)
+    steps = [line for line in lines if line.step >= 1]  # step 0 is the [sft] cold start's line, not an RL step
+    if steps:
+        last = steps[-1].values
+        typer.echo(f"{len(steps)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
 
 
 def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
@@ -370,7 +443,7 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **opti
     cfg = _rollout_config(options)
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
-        scores.print(Console())
+        scores.print(out_console())
         if cfg.verifier.judge is None:
             typer.echo("no judge configured: code scores only")
         out = StepLayout(cfg.out)
@@ -392,6 +465,7 @@ def mismatch(
     model: Path = typer.Option(..., "--model", help="The checkpoint that sampled them (HF directory), as the trainer loads it."),
     policy_version: Optional[int] = typer.Option(None, help="Only calls of this policy version (needed when a file mixes versions)."),
     max_calls: Optional[int] = typer.Option(None, min=1, help="Measure at most this many calls per file."),
+    json_out: bool = typer.Option(False, "--json", help="Print the measurements as one JSON object on stdout (the table goes to stderr)."),
 ) -> None:
     """Compare the engine's logprobs of sampled tokens with the trainer's fp32 recomputation.
 
@@ -402,7 +476,11 @@ def mismatch(
     """
     from clawgym.mismatch import run_mismatch
 
-    run_mismatch(calls, model, Console(), policy_version=policy_version, max_calls=max_calls)
+    rows = run_mismatch(calls, model, err if json_out else out_console(), policy_version=policy_version, max_calls=max_calls)
+    if json_out:
+        import orjson
+
+        typer.echo(orjson.dumps({"model": str(model), "files": [dataclasses.asdict(r) for r in rows]}).decode())
 
 
 # --- looking at artifacts ----------------------------------------------------------------------
@@ -413,6 +491,8 @@ def inspect(
     path: Path = typer.Argument(..., metavar="PATH", help="A Parquet artifact, a JSONL log, a model directory, or a run directory."),
     rollout: Optional[str] = typer.Option(None, help="For trees.parquet: draw this rollout's tree; for transcripts.jsonl: print its conversation."),
     tokenizer: Optional[Path] = typer.Option(None, help="For trees.parquet: a model dir whose tokenizer decodes node text."),
+    json_out: bool = typer.Option(False, "--json", help="Print what the tables show as one JSON object on stdout: "
+                                                         "{path, lines, tables: [{title, rows: [{column: value}]}]}."),
 ) -> None:
     """Print a readable summary of any clawgym artifact or model directory.
 
@@ -420,7 +500,16 @@ def inspect(
     """
     from clawgym.inspect import inspect_path
 
-    inspect_path(path, Console(), rollout=rollout, tokenizer=tokenizer)
+    if not json_out:
+        inspect_path(path, out_console(), rollout=rollout, tokenizer=tokenizer)
+        return
+    import orjson
+
+    from clawgym.console import TableRecorder
+
+    recorder = TableRecorder()
+    inspect_path(path, recorder, rollout=rollout, tokenizer=tokenizer)
+    typer.echo(orjson.dumps({"path": str(path), "lines": recorder.lines, "tables": recorder.tables}).decode())
 
 
 # --- tasks -------------------------------------------------------------------------------------
@@ -498,7 +587,7 @@ def tasks_validate(
 
     with err.status(f"validating tasks in {path}"):
         report = validate_tasks(path, sandbox=sandbox, sandbox_config=SandboxConfig(network=network), jobs=jobs)
-    print_report(report, Console(), show_all=all_rows)
+    print_report(report, out_console(), show_all=all_rows)
     if json_out:
         atomic_write_bytes(json_out, report.to_json())
     if report.n_invalid:
@@ -544,7 +633,7 @@ def harness_list() -> None:
     for name, make in HARNESSES.items():
         h = make()
         table.add_row(name, h.protocol, h.missing() or "ready")
-    Console().print(table)
+    out_console().print(table)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -552,26 +641,57 @@ class _Terminated(KeyboardInterrupt):
     finished rollouts and checkpoints kept): a script's trap, a CI timeout and `docker stop` send it."""
 
 
+_SIGNALS: list[int] = []
+"""the stop signals this process received: the exit status says which (Typer turns the interrupt
+into a plain exit 130, and serve-proxy's event loop takes both signals itself)"""
+
+
 def _terminate(signum: int, frame: object) -> None:
+    _SIGNALS.append(signum)
     raise _Terminated()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _SIGNALS.append(signum)
+    raise KeyboardInterrupt()
+
+
+def _stopped() -> None:
+    """One line and the shell's status for a stop signal: 143 after SIGTERM, 130 after SIGINT."""
+    import signal
+
+    term = signal.SIGTERM in _SIGNALS
+    err.print("terminated (SIGTERM)" if term else "interrupted (SIGINT)", highlight=False)
+    sys.exit(143 if term else 130)
 
 
 def main() -> None:
     """Console entry point: run the app, turning expected failures into one line and exit 1
-    (130 after Ctrl-C, 143 after SIGTERM)."""
+    (130 after Ctrl-C or SIGINT, 143 after SIGTERM)."""
+    import os
     import signal
 
     from clawgym.artifacts import ArtifactError
 
+    # models are directories here: nothing asks a hub unless the user turns this off for a hub id
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # transformers' and the hub's tqdm bars ("Loading weights") would break the one-line-per-step output
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored SIGINT (a background job) stays ignored
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         app()
     except (UserError, ArtifactError) as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # the message as written: it names sections and extras in brackets ([train], 'clawgym[lora]'), not markup
+        err.print(Text("error: ", style="bold red") + Text(str(e)), highlight=False, soft_wrap=True)
         sys.exit(1)
-    except KeyboardInterrupt as e:
-        err.print("terminated" if isinstance(e, _Terminated) else "interrupted")
-        sys.exit(143 if isinstance(e, _Terminated) else 130)
+    except KeyboardInterrupt:
+        _stopped()
+    except SystemExit:
+        if _SIGNALS:
+            _stopped()
+        raise
 
 
 if __name__ == "__main__":

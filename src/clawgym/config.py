@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawgym.errors import UserError
+from clawgym.errors import UserError, did_you_mean
 from clawgym.fields import default_of, help_of, option, reference
 from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
 from clawgym.model import SIZES
@@ -44,6 +44,8 @@ class RunSection:
     dir: Path | None = option(None, "the run directory; default runs/<name> beside the recipe")
     steps: int = option(10, "loop steps (rollouts → trees → train → sync)")
     seed: int = option(0, "the training seed: step N trains with seed + N")
+    keep_last: int = option(0, "keep only the last N step checkpoints, and always the latest and the best-eval one "
+                               "(older ones are removed as the run goes); 0 keeps every one")
 
 
 @dataclass
@@ -194,12 +196,13 @@ def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(
                 raise UserError(f"{where}: give '{renamed[key]}' only ('{key}' is its old name)")
             key = renamed[key]
         if key not in known:
-            raise UserError(f"{where}: unknown key '{key}'; known: {', '.join(sorted(known))}")
+            raise UserError(f"{where}: unknown key '{key}'{did_you_mean(key, [*known, *extra_ok])}; known: {', '.join(sorted(known))}")
         kwargs[key] = _check_type(value, hints[key], f"{where} key '{key}'")
     return cls(**kwargs)
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """The recipe at `path`, with `overrides` ("train.lr=0.1", `apply_overrides`) set over its keys, validated."""
     path = Path(path).resolve()
     if not path.is_file():
         raise UserError(f"{path}: no such recipe file")
@@ -207,9 +210,12 @@ def load_recipe(path: str | Path) -> Recipe:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not valid TOML ({e})") from None
+    apply_overrides(doc, overrides)
     unknown = set(doc) - set(_SECTIONS) - {"train"}
     if unknown:
-        raise UserError(f"{path}: unknown section [{sorted(unknown)[0]}]; known: {', '.join(sorted([*_SECTIONS, 'train']))}")
+        name = sorted(unknown)[0]
+        raise UserError(f"{path}: unknown section [{name}]{did_you_mean(name, [*_SECTIONS, 'train'])}; "
+                        f"known: {', '.join(sorted([*_SECTIONS, 'train']))}")
     sections = {}
     for name, cls in _SECTIONS.items():
         table = doc.get(name, {})
@@ -228,12 +234,68 @@ def load_recipe(path: str | Path) -> Recipe:
     for key, value in train.items():
         if key in _TRAIN_FILLED or key not in tc_fields:
             allowed = sorted(set(tc_fields) - _TRAIN_FILLED)
-            raise UserError(f"{path} [train]: unknown key '{key}'; known: {', '.join(allowed)}")
+            raise UserError(f"{path} [train]: unknown key '{key}'{did_you_mean(key, allowed)}; known: {', '.join(allowed)}")
         train[key] = _check_type(value, hints[key], f"{path} [train] key '{key}'")
     recipe = Recipe(path=path, train=train, **sections)
     _resolve_paths(recipe)
     _validate(recipe, HARNESS_NAMES)
     return recipe
+
+
+def _field_type(section: str, key: str) -> Any:
+    """The annotation of a recipe key (Any for engine options and harness options), or None when unknown."""
+    if section == "train":
+        return typing.get_type_hints(TrainConfig).get(key) if key not in _TRAIN_FILLED else None
+    if section == "engine":
+        return str if key in ("name", "tool_parser", "chat_template") else Any
+    hints = typing.get_type_hints(_SECTIONS[section], globalns=globals())
+    return {**hints, **{old: hints[new] for old, new in RENAMED_KEYS.get(section, {}).items()}}.get(key)
+
+
+def _override_value(text: str, annotation: Any) -> Any:
+    """A command-line value typed by its field: a string or path as written (a relative path from the
+    working directory), a list as TOML or comma-separated, anything else as a TOML value."""
+    kind = annotation
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if kind is str:
+        return text
+    if kind is Path:
+        return str(Path(text).resolve())
+    if typing.get_origin(kind) is list and not text.lstrip().startswith("["):
+        return [item.strip() for item in text.split(",") if item.strip()]
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # then the type check names the key and the value
+
+
+def apply_overrides(doc: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+    """Set each `SECTION.KEY=VALUE` (`rollout.agentloop.max_tokens=8` for a harness's option) in the
+    recipe's TOML document, the value typed by the key's field; the usual checks then run on the result."""
+    sections = [*_SECTIONS, "train"]
+    for item in overrides:
+        dotted, eq, text = item.partition("=")
+        parts = dotted.strip().split(".")
+        if not eq or len(parts) < 2 or not all(parts):
+            raise UserError(f"override {item!r}: expected SECTION.KEY=VALUE (e.g. train.lr=0.1)")
+        section, key = parts[0], parts[1]
+        if section not in sections:
+            raise UserError(f"override {item!r}: unknown section [{section}]{did_you_mean(section, sections)}; "
+                            f"known: {', '.join(sorted(sections))}")
+        table = doc.setdefault(section, {})
+        if section == "rollout" and key in HARNESS_NAMES:
+            if len(parts) != 3:
+                raise UserError(f"override {item!r}: a harness option is rollout.{key}.KEY=VALUE")
+            table.setdefault(key, {})[parts[2]] = _override_value(text, Any)
+            continue
+        annotation = _field_type(section, key)
+        if annotation is None or len(parts) > 2:
+            known = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in _TRAIN_FILLED] if section == "train" else \
+                [f.name for f in dataclasses.fields(_SECTIONS[section])] if section != "engine" else []
+            raise UserError(f"override {item!r}: unknown key '{'.'.join(parts[1:])}' in [{section}]{did_you_mean(key, known)}"
+                            + (f"; known: {', '.join(sorted(known))}" if known else ""))
+        table[key] = _override_value(text, annotation)
 
 
 def _engine_section(table: dict, where: str) -> EngineSection:
@@ -278,6 +340,8 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
         raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
     if r.run.steps < 1:
         raise UserError(f"{where} [run] key 'steps' must be at least 1, got {r.run.steps}")
+    if r.run.keep_last < 0:
+        raise UserError(f"{where} [run] key 'keep_last' must be 0 (keep all) or more, got {r.run.keep_last}")
     if r.offline.from_run is None:
         if r.rollout.tasks is None:
             raise UserError(f"{where} [rollout]: 'tasks' (a folder of task folders) is required")
@@ -294,6 +358,65 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
             raise UserError(f"{where} [rollout] key 'harnesses': unknown harness '{h}'; choose from: {', '.join(harnesses)}")
     if not r.rollout.harnesses:
         raise UserError(f"{where} [rollout] key 'harnesses' must name at least one harness")
+
+
+def _validate_harness_options(r: Recipe, where: str) -> None:
+    """Build each [rollout.<harness>] table's adapter once, so a mistyped option or a bad value fails
+    at load with its section named, not at the first rollout."""
+    import inspect
+
+    from clawgym.rollout.harnesses import HARNESSES
+
+    for name, options in r.rollout.harness_options.items():
+        known = [p for p in inspect.signature(HARNESSES[name]).parameters if p not in ("self", "args", "kwargs")]
+        for key in options:
+            if key not in known:
+                raise UserError(f"{where} [rollout.{name}]: unknown key '{key}'{did_you_mean(key, known)}; "
+                                f"known: {', '.join(sorted(known))}")
+        try:
+            HARNESSES[name](**options)
+        except (TypeError, ValueError, UserError) as e:
+            raise UserError(f"{where} [rollout.{name}]: {e}") from None
+
+
+# [train] keys whose value is one of a fixed set of names: (key, module holding the names, its attribute)
+_TRAIN_CHOICES = (("algo", "clawgym.train.config", "ALGOS"), ("precision", "clawgym.train.config", "PRECISIONS"),
+                  ("tis", "clawgym.train.losses", "TIS_MODES"), ("aggregation", "clawgym.train.losses", "AGGREGATIONS"),
+                  ("attention", "clawgym.train.packing", "ATTENTIONS"))
+
+
+def _validate_train(r: Recipe, where: str) -> None:
+    """The [train] values `clawgym train` would refuse, refused at load (before the cold start and a step of rollouts)."""
+    import importlib
+
+    t = r.train
+    for key, module, attr in _TRAIN_CHOICES:
+        if key in t:  # the modules holding the names import torch: only when the key is set
+            choices = (*(("auto",) if key == "attention" else ()), *getattr(importlib.import_module(module), attr))
+            if t[key] not in choices:
+                raise UserError(f"{where} [train] key '{key}': unknown '{t[key]}'{did_you_mean(t[key], choices)}; "
+                                f"choose one of: {', '.join(choices)}")
+    for key in ("epochs", "minibatches", "token_budget", "processes"):
+        if key in t and t[key] < 1:
+            raise UserError(f"{where} [train] key '{key}' must be at least 1, got {t[key]}")
+    if t.get("kl_coef", 0) > 0 and t.get("ref_model") is None:
+        raise UserError(f"{where} [train] key 'kl_coef' > 0 needs 'ref_model' (the policy to stay close to)")
+    if t.get("lora_rank", 0) < 0:
+        raise UserError(f"{where} [train] key 'lora_rank' must be 0 (full fine-tuning) or positive, got {t['lora_rank']}")
+
+
+def _check_extras(r: Recipe, where: str) -> None:
+    """An optional package the recipe needs is named with its extra at load, before the run directory is written."""
+    from importlib.util import find_spec
+
+    needs = [("train", "lora_rank", "peft", "lora", r.train.get("lora_rank", 0) > 0),
+             ("log", "tensorboard", "tensorboard", "tensorboard", r.log.tensorboard),
+             ("log", "wandb", "wandb", "wandb", bool(r.log.wandb)),
+             ("ray", "address", "ray", "ray", r.ray.address is not None),
+             ("rollout", "sandbox", "docker", "docker", r.rollout.sandbox == "docker")]
+    for section, key, package, extra, needed in needs:
+        if needed and find_spec(package) is None:
+            raise UserError(f"{where} [{section}] key '{key}' needs the {package} package: pip install 'clawgym[{extra}]'")
 
 
 def _validate_sft(r: Recipe, where: str) -> None:
@@ -319,6 +442,31 @@ def _validate_sft(r: Recipe, where: str) -> None:
         raise UserError(f"{where} [sft] key 'tasks': {tasks} is not a directory")
 
 
+def check_runnable(r: Recipe) -> None:
+    """What `clawgym run` checks after loading a recipe and before it writes anything: the harness
+    options (by building each adapter), the [train] values `clawgym train` would refuse, the optional
+    packages the recipe needs, and the task folders. Kept out of `load_recipe`, which imports neither
+    torch nor the harness adapters (reading and writing a recipe stays light)."""
+    where = str(r.path)
+    _validate_harness_options(r, where)
+    _validate_train(r, where)
+    _check_extras(r, where)
+    _check_tasks(r)
+
+
+def _check_tasks(r: Recipe) -> None:
+    """The task folders hold tasks (load_recipe checks only that the folders exist)."""
+    from clawgym.tasks.spec import find_task_dirs
+
+    named = [("rollout", r.rollout.tasks if r.offline.from_run is None else None), ("eval", r.eval.tasks), ("sft", r.sft.tasks)]
+    for section, tasks in named:
+        if tasks is not None:
+            try:
+                find_task_dirs(tasks)
+            except UserError as e:
+                raise UserError(f"{r.path} [{section}] key 'tasks': {e}") from None
+
+
 def recipe_to_toml(r: Recipe) -> str:
     """The resolved recipe as TOML (defaults filled, paths absolute), saved in the run directory."""
     from clawgym.tasks.writer import dump_toml
@@ -329,7 +477,8 @@ def recipe_to_toml(r: Recipe) -> str:
     rollout = dataclasses.asdict(r.rollout)
     harness_options = rollout.pop("harness_options")
     doc = {
-        "run": plain({**dataclasses.asdict(r.run), "dir": r.run_dir}),
+        # keep_last only when set, so a run saved before the key existed still resumes with its recipe
+        "run": plain({**{k: v for k, v in dataclasses.asdict(r.run).items() if k != "keep_last" or v}, "dir": r.run_dir}),
         "model": plain(dataclasses.asdict(r.model)),
         # tool_parser and chat_template only when set: a run saved before the keys existed still resumes with its recipe
         "engine": plain({"name": r.engine.name, **({"tool_parser": r.engine.tool_parser} if r.engine.tool_parser != "auto" else {}),

@@ -29,7 +29,8 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym import console as C
-from clawgym.config import Recipe, load_recipe, recipe_to_toml
+from clawgym import metric_names as M
+from clawgym.config import Recipe, check_runnable, load_recipe, recipe_to_toml
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
 
@@ -61,33 +62,51 @@ def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
 
 
 def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
+    """The run directory, checked against the recipe, with the recipe saved in it. `run` calls it
+    after every check that can stop a run before any work (check_runnable), so a refused run leaves
+    no recipe.toml behind and its rerun is not refused."""
     run = RunLayout(recipe.run_dir)
     text = recipe_to_toml(recipe)
     if run.recipe.exists() and not resume:
         raise UserError(f"{run.root} already holds a run; pass --resume to continue it, or choose another [run] name")
     if run.recipe.exists() and run.recipe.read_text() != text:
-        raise UserError(f"{run.recipe} differs from {recipe.path}: a run resumes with the recipe it started with")
+        old, new = _flat(tomllib.loads(run.recipe.read_text())), _flat(tomllib.loads(text))
+        keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        raise UserError(f"{run.recipe} differs from {recipe.path} and its overrides ({', '.join(keys)}): a run resumes "
+                        "with the recipe it started with")
     run.root.mkdir(parents=True, exist_ok=True)
     A.atomic_write_bytes(run.recipe, text.encode())
     return run
 
 
-def run(recipe_path: str | Path, *, resume: bool = False, console: Console | None = None,
-        verbose: bool = False) -> list[A.MetricsLine]:
-    """The loop (module docstring). `console` gets one line per step under a progress bar over the
-    steps; with `verbose` every stage also prints its own tables there."""
+def _flat(doc: dict, prefix: str = "") -> dict[str, object]:
+    """A TOML document's values by dotted key (train.lr, rollout.agentloop.max_tokens)."""
+    out: dict[str, object] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (), resume: bool = False,
+        console: Console | None = None, verbose: bool = False) -> list[A.MetricsLine]:
+    """The loop (module docstring). `overrides` ("train.lr=0.1") set recipe keys over the file's.
+    `console` gets one line per step under a progress bar over the steps; with `verbose` every stage
+    also prints its own tables there."""
     console = console or C.STDERR
     stages = console if verbose else C.QUIET
-    recipe = load_recipe(recipe_path)
+    recipe = load_recipe(recipe_path, overrides)
+    check_runnable(recipe)  # harness options, [train] values, extras, tasks: before any file is written
     if recipe.offline.from_run is None:  # before anything is written: a sandbox that cannot isolate files is refused
         from clawgym.rollout.sandbox import announce, isolation
 
         announce(isolation(recipe.rollout.sandbox, recipe.rollout.network), console)
     run = _prepare(recipe, resume)
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
-    first = 1
-    while first <= recipe.run.steps and _complete_checkpoint(run.step(first).checkpoint):
-        first += 1
+    # the step after the last trained one (with [run] keep_last, earlier checkpoints may be gone)
+    first = 1 + max((s for s in range(1, recipe.run.steps + 1) if _complete_checkpoint(run.step(s).checkpoint)), default=0)
     from clawgym.sinks import close_sinks, open_sinks
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,
@@ -128,6 +147,8 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
                     line = A.MetricsLine(step, values, time=time.time())
                     report(line)
                     progress.finished(step, values, None if step < first else values["time/step_s"])
+                    if recipe.run.keep_last:
+                        prune_checkpoints(run, step, recipe.run.keep_last)
                     from clawgym.plots import write_plots
 
                     write_plots(run.root)
@@ -138,6 +159,21 @@ def run(recipe_path: str | Path, *, resume: bool = False, console: Console | Non
 
         write_table(run, console)
     return A.read_metrics(run.metrics)
+
+
+def prune_checkpoints(run: RunLayout, step: int, keep_last: int) -> list[int]:
+    """Remove the step checkpoints up to `step` but the last `keep_last`, the latest and the one
+    with the best eval Pass@1 so far (the later on a tie); returns the steps removed."""
+    steps = [s for s in range(1, step + 1) if run.step(s).checkpoint.is_dir()]
+    kept = set(steps[-keep_last:]) | {step}
+    scored = [(m.values["eval/pass@1"], m.step) for m in A.read_metrics(run.metrics)
+              if "eval/pass@1" in m.values and 1 <= m.step <= step] if run.metrics.exists() else []
+    if scored:
+        kept.add(max(scored)[1])
+    removed = [s for s in steps if s not in kept]
+    for s in removed:
+        shutil.rmtree(run.step(s).checkpoint)
+    return removed
 
 
 def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages: Console, progress: C.StepProgress,
@@ -243,20 +279,42 @@ def _copy_offline(src: StepLayout, sdir: StepLayout) -> None:
 
 
 def rollout_values(sdir: StepLayout) -> dict[str, float]:
-    """The rollout/ numbers of a step, from its rollouts.parquet."""
+    """The rollout/ numbers of a step, from its rollouts.parquet and calls.parquet (names: metric_names.py)."""
     rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
     scored = [r.reward for r in rollouts if r.reward is not None]
+    lengths = _response_lengths(sdir, [r.rollout_id for r in rollouts])
+    turns = [r.n_calls for r in rollouts]
     values: dict[str, float] = {
-        "rollout/n": len(rollouts),
-        "rollout/reward_mean": statistics.fmean(scored) if scored else 0.0,
-        "rollout/reward_std": statistics.pstdev(scored) if scored else 0.0,
-        "rollout/infra_error": sum(r.status == "infra_error" for r in rollouts),
-        "rollout/timeout": sum(r.status == "timeout" for r in rollouts),
+        M.ROLLOUTS: len(rollouts),
+        M.REWARD_MEAN: statistics.fmean(scored) if scored else 0.0,
+        M.REWARD_STD: statistics.stdev(scored) if len(scored) > 1 else 0.0,  # sample std, as `rollout --json` and TRL
+        M.INFRA_ERRORS: sum(r.status == "infra_error" for r in rollouts),
+        M.TIMEOUTS: sum(r.status == "timeout" for r in rollouts),
+        M.RESPONSE_LENGTH_MEAN: statistics.fmean(lengths) if lengths else 0.0,
+        M.RESPONSE_LENGTH_MAX: max(lengths, default=0),
+        M.TURNS_MEAN: statistics.fmean(turns) if turns else 0.0,
+        M.TURNS_MAX: max(turns, default=0),
     }
     for h in sorted({r.harness for r in rollouts}):
         hs = [r.reward for r in rollouts if r.harness == h and r.reward is not None]
-        values[f"rollout/reward_mean/{h}"] = statistics.fmean(hs) if hs else 0.0
+        values[f"{M.REWARD_MEAN}/{h}"] = statistics.fmean(hs) if hs else 0.0
     return values
+
+
+def _response_lengths(sdir: StepLayout, rollout_ids: list[str]) -> list[int]:
+    """Tokens each rollout's model calls sampled, in all (from calls.parquet's output_ids, read alone)."""
+    if not sdir.calls.exists():
+        return []
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sdir.calls, columns=["rollout_id", "output_ids"])
+    per_call = pc.list_value_length(table.column("output_ids")).to_pylist()
+    totals = dict.fromkeys(rollout_ids, 0)
+    for rid, n in zip(table.column("rollout_id").to_pylist(), per_call):
+        if rid in totals:
+            totals[rid] += n or 0
+    return list(totals.values())
 
 
 def trees_values(sdir: StepLayout) -> dict[str, float]:

@@ -12,8 +12,9 @@ from clawgym.proxy.server import ProxyConfig, ProxyServer, ProxyThread
 __all__ = ["ProxyConfig", "ProxyServer", "ProxyThread", "export_calls", "read_records", "serve"]
 
 
-def serve(config: ProxyConfig, *, ready=None) -> None:
+def serve(config: ProxyConfig, *, ready=None) -> int | None:
     """Run the proxy until SIGINT or SIGTERM; `ready(url, server)` is called once it listens.
+    Returns the signal that stopped it.
 
     Both signals stop it the same way: no new connections, running calls finish and are recorded.
     They are handled explicitly because a proxy started in the background (`nohup ... &`, a
@@ -22,6 +23,8 @@ def serve(config: ProxyConfig, *, ready=None) -> None:
     import asyncio
     import signal
 
+    stopped_by: list[int] = []
+
     async def main() -> None:
         server = ProxyServer(config)
         url = await server.start()
@@ -29,7 +32,7 @@ def serve(config: ProxyConfig, *, ready=None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, lambda s=sig: (stopped_by.append(s), stop.set()))
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signals
                 pass
         if ready is not None:
@@ -42,4 +45,5 @@ def serve(config: ProxyConfig, *, ready=None) -> None:
     try:
         asyncio.run(main())
     except KeyboardInterrupt:
-        pass
+        stopped_by.append(signal.SIGINT)
+    return stopped_by[0] if stopped_by else None

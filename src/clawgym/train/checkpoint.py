@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from clawgym.artifacts import write_config
+from clawgym.artifacts import umask_modes, write_config
 from clawgym.errors import UserError
 from clawgym.train.lora import ADAPTER_DIR
 from clawgym.train.value import VALUE_DIR
@@ -110,6 +110,7 @@ def save_checkpoint(
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+        umask_modes(tmp)  # mkdtemp made it 0700: the checkpoint takes the umask's modes, as any output
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

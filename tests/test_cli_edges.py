@@ -1,0 +1,478 @@
+"""The command line at its edges, through real `clawgym` subprocesses: errors printed as written with
+the section, the extra and the closest key; recipe values checked at load, before any file is
+written; `--model` checked as a path; overrides typed by their field; secrets redacted by name;
+SIGTERM → 143 and SIGINT → 130 with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from clawgym import artifacts as A
+from clawgym.errors import UserError
+from toy import write_toy_recipe
+
+CLI = [sys.executable, "-m", "clawgym.cli"]
+TOY = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "toy"
+
+
+def clawgym(*args: str, cwd: Path, timeout: float = 120, prelude: str = "") -> subprocess.CompletedProcess:
+    """`clawgym ARGS` in a subprocess; `prelude` runs first in that process (e.g. to hide a package)."""
+    cmd = CLI + list(args) if not prelude else [sys.executable, "-c", f"{prelude}\nimport sys\nfrom clawgym.cli import main\n"
+                                                f"sys.argv = ['clawgym', *{list(args)!r}]\nmain()"]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def small_recipe(tmp: Path, body: str = "") -> Path:
+    """A recipe on one toy task; `body` is appended (it may repeat no table the base has)."""
+    return _recipe(tmp, body)
+
+
+def _recipe(tmp: Path, body: str) -> Path:
+    path = write_toy_recipe(tmp, "edge", steps=1, n=2, tasks=1, max_tokens=4, concurrency=2)
+    path.write_text(path.read_text() + "\n" + body)
+    return path
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    return lines[0]
+
+
+# --- 1. errors as written, checked at load, nothing written ------------------------------------
+
+
+@pytest.mark.parametrize("body,message", [
+    ("[trian]\nlr = 0.1\n", "unknown section [trian] (did you mean 'train'?); known: engine,"),
+    ("[eval]\nevrey = 2\n", "[eval]: unknown key 'evrey' (did you mean 'every'?); known:"),
+    ("[rollout.agentlop]\nmax_tokens = 8\n", "[rollout]: unknown key 'agentlop' (did you mean 'agentloop'?)"),
+    ("[sft]\nn = -1\n", "[sft] key 'n' must be at least 0, got -1"),
+])
+def test_recipe_errors_print_brackets_and_suggest_the_closest_key(tmp_path: Path, body: str, message: str) -> None:
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path, body)), cwd=tmp_path))
+    assert message in line, line
+    assert not (tmp_path / "runs").exists()  # refused before any file
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.lrr=0.1", "override 'train.lrr=0.1': unknown key 'lrr' in [train] (did you mean 'lr'?)"),
+    ("train.algo=gpro", "[train] key 'algo': unknown 'gpro' (did you mean 'grpo'?); choose one of: grpo, ppo, sft"),
+    ("train.tis=tokn", "[train] key 'tis': unknown 'tokn' (did you mean 'token'?)"),
+    ("train.epochs=0", "[train] key 'epochs' must be at least 1, got 0"),
+    ("train.kl_coef=0.1", "[train] key 'kl_coef' > 0 needs 'ref_model'"),
+    ("rollout.agentloop.max_tokns=8", "[rollout.agentloop]: unknown key 'max_tokns' (did you mean 'max_tokens'?)"),
+    ("rollout.agentloop.max_tokens=0", "[rollout.agentloop]: agentloop option 'max_tokens' must be an integer >= 1, got 0"),
+    ("rollout.n=many", "[rollout] key 'n' must be int, got str 'many'"),
+    ("trian.lr=1", "override 'trian.lr=1': unknown section [trian] (did you mean 'train'?)"),
+    ("lr=1", "override 'lr=1': expected SECTION.KEY=VALUE"),
+])
+def test_bad_values_and_overrides_fail_at_load_before_any_file(tmp_path: Path, override: str, message: str) -> None:
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path)), override, cwd=tmp_path))
+    assert message in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_extra_is_named_and_leaves_no_recipe_behind(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path, "[log]\ntensorboard = true\n")
+    proc = clawgym("run", str(recipe), cwd=tmp_path, prelude="import sys; sys.modules['tensorboard'] = None")
+    line = one_line_error(proc)
+    assert line.endswith("[log] key 'tensorboard' needs the tensorboard package: pip install 'clawgym[tensorboard]'"), line
+    assert not (tmp_path / "runs" / "edge" / "recipe.toml").exists()  # the rerun after the install is not refused
+
+
+def test_an_empty_task_folder_stops_the_run_before_it_writes(tmp_path: Path) -> None:
+    (tmp_path / "none").mkdir()
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path)), f"rollout.tasks={tmp_path / 'none'}", cwd=tmp_path))
+    assert "[rollout] key 'tasks'" in line and "holds no task folders" in line
+    assert not (tmp_path / "runs").exists()
+
+
+# --- 2. --model is a path ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_a_wrong_model_path_is_one_line_and_leaves_no_config(tmp_path: Path, command: str) -> None:
+    t0 = time.monotonic()
+    proc = clawgym(command, "--tasks", str(TOY), "--harness", "agentloop", "--model", "Qwen/not-here", "--out", "out", cwd=tmp_path)
+    line = one_line_error(proc)
+    assert line == ("error: --model Qwen/not-here is not a model directory (no config.json); give an HF model directory "
+                    "(make one with `clawgym init-model`)")
+    assert not (tmp_path / "out").exists()  # no stray rollout.config.json
+    assert time.monotonic() - t0 < 60  # no hub retries
+
+
+# --- 5. overrides --------------------------------------------------------------------------------
+
+
+def test_overrides_are_typed_by_their_field(tmp_path: Path) -> None:
+    from clawgym.config import load_recipe, recipe_to_toml
+
+    recipe = small_recipe(tmp_path)
+    (tmp_path / "held").mkdir()
+    r = load_recipe(recipe, ["train.lr=0.5", "run.name=123", "run.steps=3", "rollout.harnesses=agentloop",
+                             "rollout.agentloop.max_tokens=16", "eval.tasks=held", "engine.dtype=float32",
+                             "train.share_prefixes=false", "rollout.timeout=30"])
+    assert r.train["lr"] == 0.5 and isinstance(r.train["lr"], float)
+    assert r.run.name == "123" and r.run.steps == 3 and r.rollout.harnesses == ["agentloop"]
+    assert r.rollout.harness_options["agentloop"]["max_tokens"] == 16
+    assert r.eval.tasks == Path.cwd() / "held"  # a path on the command line is from the working directory
+    assert r.engine.options == {"dtype": "float32"} and r.train["share_prefixes"] is False and r.rollout.timeout_s == 30
+    text = recipe_to_toml(r)
+    assert "lr = 0.5" in text and 'name = "123"' in text and "max_tokens = 16" in text
+
+
+@pytest.mark.slow
+def test_a_run_records_its_overrides_and_resume_counts_them(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path)
+    proc = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = (tmp_path / "runs" / "over" / "recipe.toml").read_text()
+    assert "lr = 0.01" in saved and "n = 2" in saved
+    config = orjson.loads((tmp_path / "runs" / "over" / "step-0001" / "rollout.config.json").read_bytes())
+    assert config["harness_options"]["agentloop"]["max_tokens"] == 4  # a setting named *tokens* is not a secret
+    # the same overrides resume; a changed one is the changed recipe a resume refuses
+    again = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", "--resume", cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    line = one_line_error(clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.02", "run.name=over", "--resume", cwd=tmp_path))
+    assert line.endswith("and its overrides (train.lr): a run resumes with the recipe it started with"), line
+
+
+# --- 4. secrets by name --------------------------------------------------------------------------
+
+
+def test_secrets_are_redacted_by_name_and_token_settings_survive(tmp_path: Path) -> None:
+    from clawgym.train.config import TrainConfig
+
+    A.write_config(tmp_path / "c.json", {"admin_token": "adm", "api_key": "sk", "max_tokens": 8, "token_budget": 4096,
+                                         "engine_options": {"hf_token": "hf_x", "max_tokens": 8}})
+    saved = orjson.loads((tmp_path / "c.json").read_bytes())
+    assert saved == {"admin_token": "<redacted>", "api_key": "<redacted>", "max_tokens": 8, "token_budget": 4096,
+                     "engine_options": {"hf_token": "<redacted>", "max_tokens": 8}}
+    A.write_config(tmp_path / "t.json", TrainConfig(trees=Path("t"), rollouts=Path("r"), model=Path("m"), out=Path("o"), token_budget=1234))
+    assert orjson.loads((tmp_path / "t.json").read_bytes())["token_budget"] == 1234
+
+
+# --- 4. stop signals -----------------------------------------------------------------------------
+
+
+def _one_task(tmp: Path) -> Path:
+    import shutil
+
+    dest = tmp / "tasks"
+    if not dest.exists():
+        shutil.copytree(sorted(TOY.iterdir())[0], dest / "t0")
+    return dest
+
+
+def _script(path: Path, delay: float, n: int = 64) -> Path:
+    path.write_text("".join(orjson.dumps({"rollout_id": "*", "text": "42", "delay_s": delay}).decode() + "\n" for _ in range(n)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def step_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """A step directory with rollouts, calls and trees of two scripted rollouts on one toy task."""
+    tmp = tmp_path_factory.mktemp("step")
+    out = tmp / "step-0001"
+    proc = clawgym("rollout", "--tasks", str(_one_task(tmp)), "--harness", "agentloop", "--n", "2", "--model", str(tiny_model),
+                   "--engine", "scripted", "--script", str(_script(tmp / "s.jsonl", 0.0)), "--out", str(out), cwd=tmp, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = clawgym("build-trees", str(out), cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _stop_when(proc: subprocess.Popen, ready, sig: int, timeout: float = 240, settle: float = 1.0) -> tuple[int, str]:
+    """Send `sig` `settle` seconds after ready() holds (while the process still runs); the exit status and stderr."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "never got ready"
+        time.sleep(0.2)
+    time.sleep(settle)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def _assert_stopped(code: int, err: str, sig: int) -> None:
+    assert "Traceback" not in err, err[-3000:]
+    if sig == signal.SIGTERM:
+        assert code == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)", (code, err[-2000:])
+    else:
+        assert code == 130 and err.strip().splitlines()[-1] == "interrupted (SIGINT)", (code, err[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_rollout_stops_on_a_signal_with_the_shells_status(tmp_path: Path, tiny_model: Path, sig: int) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(CLI + ["rollout", "--tasks", str(_one_task(tmp_path)), "--harness", "agentloop", "--n", "2",
+                                   "--model", str(tiny_model), "--engine", "scripted", "--script",
+                                   str(_script(tmp_path / "s.jsonl", 60.0)), "--out", str(out)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a few seconds after the proxy started, both rollouts wait on the scripted 60 s delay
+    code, err = _stop_when(proc, (out / "records").exists, sig, settle=8.0)
+    _assert_stopped(code, err, sig)
+
+
+@pytest.mark.slow
+def test_train_stops_on_sigterm_with_143(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    metrics = tmp_path / "train.jsonl"
+    proc = subprocess.Popen(CLI + ["train", str(step_dir), "--model", str(tiny_model), "--out", str(tmp_path / "ck"),
+                                   "--algo", "ppo", "--epochs", "1000", "--metrics", str(metrics)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code, err = _stop_when(proc, metrics.exists, signal.SIGTERM)
+    _assert_stopped(code, err, signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_run_stops_on_sigterm_with_143(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path)
+    proc = subprocess.Popen(CLI + ["run", str(recipe), "rollout.n=2"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    code, err = _stop_when(proc, (tmp_path / "runs" / "edge" / "recipe.toml").exists, signal.SIGTERM)
+    _assert_stopped(code, err, signal.SIGTERM)
+
+
+# --- 3. reruns: same settings resume, other settings are refused -------------------------------
+
+
+def _copy_step(step_dir: Path, tmp: Path) -> Path:
+    import shutil
+
+    dest = tmp / "run" / "step-0001"
+    shutil.copytree(step_dir, dest)
+    return dest
+
+
+def test_a_rollout_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    out = _copy_step(step_dir, tmp_path)
+    before = (out / "rollouts.parquet").read_bytes()
+    proc = clawgym("rollout", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--n", "1", "--model",
+                   str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--timeout", "90",
+                   "--out", str(out), cwd=tmp_path)
+    line = one_line_error(proc)
+    assert "was made with other settings (n: 2 → 1; timeout_s: " in line and "or pass --force to start over" in line, line
+    assert (out / "rollouts.parquet").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_rollout_rerun_with_the_same_settings_resumes_and_force_starts_over(tmp_path: Path, tiny_model: Path,
+                                                                             step_dir: Path) -> None:
+    out = _copy_step(step_dir, tmp_path)
+    args = ["rollout", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--model", str(tiny_model),
+            "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--out", str(out)]
+    proc = clawgym(*args, "--n", "2", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{out}: same settings as its rollouts; resuming (finished rollouts kept)" in proc.stderr
+    assert len(A.read_table(out / "rollouts.parquet", A.RolloutRecord)) == 2
+    proc = clawgym(*args, "--n", "1", "--force", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(A.read_table(out / "rollouts.parquet", A.RolloutRecord)) == 1
+    assert not (out / "trees.parquet").exists()  # made from the old rollouts: gone with them
+
+
+def test_a_build_trees_rerun_appends_no_second_metrics_line(tmp_path: Path, step_dir: Path) -> None:
+    out = _copy_step(step_dir, tmp_path)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    first = clawgym("build-trees", str(out), "--force", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = clawgym("build-trees", str(out), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{out / 'trees.parquet'}: same settings as its trees; rebuilding (its metrics line is already in {metrics})" in again.stderr
+    assert [m.step for m in A.read_metrics(metrics)] == [1]
+    line = one_line_error(clawgym("build-trees", str(out), "--max-leaves", "3", cwd=tmp_path))
+    assert "was made with other settings (max_leaves: 64 → 3)" in line, line
+
+
+@pytest.mark.slow
+def test_a_train_rerun_resumes_with_the_same_settings_and_refuses_others(tmp_path: Path, tiny_model: Path,
+                                                                        step_dir: Path) -> None:
+    args = ["train", str(step_dir), "--model", str(tiny_model), "--out", str(tmp_path / "ck"), "--algo", "ppo",
+            "--metrics", str(tmp_path / "train.jsonl")]
+    assert (proc := clawgym(*args, cwd=tmp_path, timeout=300)).returncode == 0, proc.stderr[-3000:]
+    again = clawgym(*args, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{tmp_path / 'ck'}: same settings as its checkpoint; resuming (a complete one is kept)" in again.stderr
+    line = one_line_error(clawgym(*args, "--lr", "0.5", cwd=tmp_path))
+    assert "was made with other settings (lr: " in line and "--force" in line, line
+    assert (proc := clawgym(*args, "--lr", "0.5", "--force", cwd=tmp_path, timeout=300)).returncode == 0, proc.stderr[-3000:]
+
+
+# --- 6. tables whole, --json, the proxy's ready file ---------------------------------------------
+
+
+def test_tables_keep_every_digit_at_80_columns_and_in_a_pipe(tmp_path: Path, step_dir: Path) -> None:
+    from rich.table import Table
+
+    from clawgym.console import TableConsole
+
+    def shown(console_class: type, width: int) -> str:
+        table = Table("k3 KL", box=None, show_header=False)
+        table.add_row("2.841234e-14")
+        out = console_class(width=width, record=True, file=open(os.devnull, "w"))
+        out.print(table)
+        return out.export_text()
+
+    from rich.console import Console
+
+    assert "…" in shown(Console, 10)  # what rich does by default in a column too narrow for a number
+    text = shown(TableConsole, 10)
+    assert "…" not in text and "".join(text.split()) == "2.841234e-14"  # folded onto two lines, every digit kept
+    # a real command into a pipe: the table is laid out wide, nothing cut
+    proc = clawgym("inspect", str(step_dir / "trees.parquet"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "…" not in proc.stdout and proc.stdout.strip()
+
+
+def test_inspect_and_mismatch_print_json(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    proc = clawgym("inspect", str(step_dir / "rollouts.parquet"), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = orjson.loads(proc.stdout)
+    summary = {row["key"]: row["value"] for row in data["tables"][0]["rows"]}
+    assert summary["rollouts"] == 2 and data["path"] == str(step_dir / "rollouts.parquet")
+    proc = clawgym("mismatch", "--calls", str(step_dir / "calls.parquet"), "--model", str(tiny_model), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [row] = orjson.loads(proc.stdout)["files"]
+    calls = A.read_table(step_dir / "calls.parquet", A.CallRecord)
+    assert row["calls"] == len(calls) and row["tokens"] == sum(len(c.output_ids) for c in calls)
+    assert isinstance(row["mean_abs"], float) and row["mean_abs"] >= 0
+
+
+@pytest.mark.slow
+def test_serve_proxy_writes_a_ready_file_and_a_json_line(tmp_path: Path, tiny_model: Path) -> None:
+    import urllib.request
+
+    ready = tmp_path / "proxy.json"
+    proc = subprocess.Popen(CLI + ["serve-proxy", "--model", str(tiny_model), "--engine", "scripted", "--port", "0", "--records",
+                                   str(tmp_path / "rec"), "--ready-file", str(ready), "--json"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = orjson.loads(proc.stdout.readline())
+        info = orjson.loads(ready.read_bytes())
+        assert info == line and info["url"] == f"http://127.0.0.1:{info['port']}" and info["admin_url"] == info["url"] + "/admin"
+        assert ready.stat().st_mode & 0o777 == 0o600  # it holds the admin token
+        req = urllib.request.Request(f"{info['admin_url']}/rollouts", data=b'{"rollout_id": "r"}', method="POST",
+                                     headers={"Authorization": f"Bearer {info['admin_token']}"})
+        assert orjson.loads(urllib.request.urlopen(req, timeout=30).read())["base_url"].startswith(info["url"])
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 143
+
+
+# --- 7. modes and retention ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_output_files_take_the_umask(tmp_path: Path, mask: int) -> None:
+    old = os.umask(mask)
+    try:
+        A.atomic_write_bytes(tmp_path / "a.json", b"{}")
+        A.write_table(tmp_path / "r.parquet", [], A.RolloutRecord)
+        A.umask_modes(_tree(tmp_path / "ckpt"))
+    finally:
+        os.umask(old)
+    for f in ("a.json", "r.parquet", "ckpt/model.safetensors"):
+        assert (tmp_path / f).stat().st_mode & 0o777 == 0o666 & ~mask, f
+    assert (tmp_path / "ckpt").stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def _tree(path: Path) -> Path:
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(dir=path.parent))  # 0700, as save_checkpoint's staging folder
+    fd, name = tempfile.mkstemp(dir=tmp)  # 0600
+    os.close(fd)
+    os.replace(name, tmp / "model.safetensors")
+    os.replace(tmp, path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_checkpoint_takes_the_umask(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    proc = clawgym("train", str(step_dir), "--model", str(tiny_model), "--out", str(tmp_path / "ck"), "--algo", "ppo",
+                   "--metrics", str(tmp_path / "t.jsonl"), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mask = A.process_umask()
+    assert (tmp_path / "ck").stat().st_mode & 0o777 == 0o777 & ~mask
+    for name in ("model.safetensors", "optimizer.pt", "train_config.json", "trainer_state.json"):
+        assert (tmp_path / "ck" / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+def test_keep_last_keeps_the_last_n_the_latest_and_the_best_eval(tmp_path: Path) -> None:
+    from clawgym.layout import RunLayout
+    from clawgym.loop import prune_checkpoints
+
+    run = RunLayout(tmp_path)
+    for step in range(1, 7):
+        run.step(step).checkpoint.mkdir(parents=True)
+        values = {"rollout/reward_mean": 0.1 * step, **({"eval/pass@1": {2: 0.9, 4: 0.5, 6: 0.7}[step]} if step % 2 == 0 else {})}
+        A.append_metrics(run.metrics, A.MetricsLine(step, values, time=0.0))
+        prune_checkpoints(run, step, keep_last=2)
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step-0002", "step-0005", "step-0006"]
+
+
+def test_keep_last_is_a_run_key_left_out_of_old_recipes(tmp_path: Path) -> None:
+    from clawgym.config import load_recipe, recipe_to_toml
+
+    recipe = small_recipe(tmp_path)
+    assert "keep_last =" not in recipe_to_toml(load_recipe(recipe))  # a run saved before the key still resumes
+    assert "keep_last = 3" in recipe_to_toml(load_recipe(recipe, ["run.keep_last=3"]))
+    line = one_line_error(clawgym("run", str(recipe), "run.keep_last=-1", cwd=tmp_path))
+    assert "[run] key 'keep_last' must be 0 (keep all) or more, got -1" in line
+
+
+# --- 8. metric names, lengths and turns, units -----------------------------------------------
+
+
+def test_a_steps_rollout_metrics_have_lengths_turns_and_a_sample_std(step_dir: Path) -> None:
+    import statistics
+
+    from clawgym import metric_names as M
+    from clawgym.layout import StepLayout
+    from clawgym.loop import rollout_values, trees_values
+    from clawgym.train.step_metrics import REDUCTIONS
+
+    values = rollout_values(StepLayout(step_dir))
+    rollouts = A.read_table(step_dir / "rollouts.parquet", A.RolloutRecord)
+    calls = A.read_table(step_dir / "calls.parquet", A.CallRecord)
+    lengths = [sum(len(c.output_ids) for c in calls if c.rollout_id == r.rollout_id) for r in rollouts]
+    assert values[M.RESPONSE_LENGTH_MEAN] == statistics.fmean(lengths) > 0 and values[M.RESPONSE_LENGTH_MAX] == max(lengths)
+    assert values[M.TURNS_MEAN] == statistics.fmean(r.n_calls for r in rollouts) >= 1
+    assert values[M.REWARD_STD] == statistics.stdev(r.reward for r in rollouts)
+    written = [*values, *trees_values(StepLayout(step_dir)), *REDUCTIONS, "eval/pass@1", "eval/pass@1/numbers", "time/step_s"]
+    assert [k for k in written if not M.is_known(k)] == []
+    assert not M.is_known("rollout/new_thing") and not M.is_known("stuff/x")
+
+
+def test_every_peer_name_is_in_the_docs() -> None:
+    from clawgym import metric_names as M
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text(encoding="utf-8")
+    for key, (trl, verl) in M.PEERS.items():
+        assert f"| `{key}` | {trl} | {verl} |" in text, key
+
+
+def test_the_run_summary_counts_rl_steps_not_the_cold_start(monkeypatch, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    import clawgym.loop
+    from clawgym.cli import app
+
+    lines = [A.MetricsLine(s, {"rollout/reward_mean": 0.5}, time=0.0) for s in range(0, 7)]  # step 0: the [sft] line
+    monkeypatch.setattr(clawgym.loop, "run", lambda *a, **k: lines)
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "r.toml")])
+    assert result.exit_code == 0 and result.stdout.strip() == "6 steps; last mean reward 0.500", result.stdout
