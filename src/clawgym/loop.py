@@ -99,11 +99,14 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
     stages = console if verbose else C.QUIET
     recipe = load_recipe(recipe_path, overrides)
     check_runnable(recipe)  # harness options, [train] values, extras, tasks: before any file is written
+    isolated = None
     if recipe.offline.from_run is None:  # before anything is written: a sandbox that cannot isolate files is refused
         from clawgym.rollout.sandbox import announce, isolation
 
-        announce(isolation(recipe.rollout.sandbox, recipe.rollout.network), console)
+        isolated = isolation(recipe.rollout.sandbox, recipe.rollout.network)
     run = _prepare(recipe, resume)
+    if isolated is not None:
+        announce(isolated, console)  # once the run is accepted, so a refused resume stays one line
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
     # the step after the last trained one (with [run] keep_last, earlier checkpoints may be gone)
     first = 1 + max((s for s in range(1, recipe.run.steps + 1) if _complete_checkpoint(run.step(s).checkpoint)), default=0)
