@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,13 +39,22 @@ def test_cells_split_by_harness_with_the_standard_error_over_tasks() -> None:
     assert "1 rollout(s) excluded" in table
 
 
-def test_policies_are_name_equals_folder(tmp_path: Path) -> None:
+def test_policies_are_name_equals_model_folder(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
     assert parse_policies([f"base={tmp_path}", f"sft.1={tmp_path}"]) == {"base": tmp_path, "sft.1": tmp_path}
     for bad, msg in ([f"{tmp_path}"], "expected NAME=MODEL_DIR"), ([f"a/b={tmp_path}"], "expected NAME=MODEL_DIR"), \
-                    ([f"a={tmp_path}", f"a={tmp_path}"], "given twice"), ([f"a={tmp_path}/nope"], "does not exist"), \
+                    ([f"a={tmp_path}", f"a={tmp_path}"], "given twice"), ([f"a={tmp_path}/nope"], "not a model directory"), \
                     ([], "at least one"):
         with pytest.raises(UserError, match=msg):
             parse_policies(bad)
+
+
+def test_the_compare_command_refuses_a_bad_policy_in_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "clawgym.cli", "compare", "--policy", f"base={tmp_path}", "--tasks", str(tmp_path),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: --policy base: {tmp_path} is not a model directory (no config.json)"], proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -456,6 +456,33 @@ _with_fields(eval_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_S
 app.command("eval")(eval_)
 
 
+def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MODEL_DIR",
+                                             help="A policy to evaluate (a row of the table); repeat for several."),
+             json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
+    """Evaluate several policies in several harnesses: one held-out Pass@1 table, rows policies, columns harnesses.
+
+    Each policy is evaluated as `clawgym eval` does, over every --harness, in OUT/<policy>/ (a rerun
+    resumes); each cell is Pass@1 ± its standard error over tasks. Writes OUT/table.md,
+    OUT/table.json and OUT/table.png (docs/recipes.md, "Comparing harnesses").
+
+    Example: clawgym compare --policy base=models/smol --policy sft=runs/cc/checkpoints/sft --tasks tasks/heldout --harness agentloop,claude-code,codex --n 2 --out runs/table
+    """
+    from clawgym.compare import compare, markdown, parse_policies
+
+    policies = parse_policies(policy)
+    cfg = _rollout_config({**options, "model": next(iter(policies.values()))})
+    with _result(json_out) as report:
+        cells = compare(policies, cfg, cfg.out, err)
+        out_console().print(markdown(cells), markup=False)
+        report(f"wrote {cfg.out / 'table.md'}, {cfg.out / 'table.json'} and {cfg.out / 'table.png'}",
+               {"out": cfg.out.resolve(), "cells": [dataclasses.asdict(c) for c in cells]})
+
+
+_with_fields(compare_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP | {"model"},
+             fields_from={"n": EvalSection})
+app.command("compare")(compare_)
+
+
 # --- engines -----------------------------------------------------------------------------------
 
 

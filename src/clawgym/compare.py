@@ -62,8 +62,8 @@ def parse_policies(specs: list[str]) -> dict[str, Path]:
             raise UserError(f"--policy {spec!r}: expected NAME=MODEL_DIR, NAME of letters, digits and ._+-")
         if name in out:
             raise UserError(f"--policy {name!r} is given twice")
-        if not Path(path).is_dir():
-            raise UserError(f"--policy {name}: model folder {path} does not exist")
+        if not (Path(path) / "config.json").is_file():  # before anything loads it, or asks a hub for it
+            raise UserError(f"--policy {name}: {path} is not a model directory (no config.json)")
         out[name] = Path(path)
     if not out:
         raise UserError("give at least one --policy NAME=MODEL_DIR")
