@@ -38,6 +38,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Any
 
 from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window, load_policy
 from clawgym.engines.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit, default_budget
+from clawgym.engines.threads import ThreadTuner, decode_kind
 from clawgym.errors import UserError
 
 log = logging.getLogger("clawgym.engines.hf")
@@ -170,11 +172,11 @@ class HFEngine:
     def __init__(self, model_dir: Path, *, max_batch: int = 8, device: str = "cpu", threads: int | None = None,
                  max_context: int | None = None, max_batch_tokens: int = 65536, prefill_chunk: int = 2048,
                  late_admission: bool = True, prefix_cache: bool = True, prefix_cache_bytes: int | None = None,
-                 prefix_block: int = 32):
+                 prefix_block: int = 32, adaptive_threads: bool = True):
         import torch
 
-        if threads:
-            torch.set_num_threads(threads)
+        self.tuner = ThreadTuner(int(threads or torch.get_num_threads()), adaptive=adaptive_threads and device == "cpu")
+        """threads per forward: 1 or `threads` (default torch's), whichever runs faster now (threads.py)"""
         self.device = device
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
@@ -214,7 +216,8 @@ class HFEngine:
                    threads=o.get("threads"), max_context=o.get("max_context"),
                    max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)),
                    late_admission=bool(o.get("late_admission", True)), prefix_cache=bool(o.get("prefix_cache", True)),
-                   prefix_cache_bytes=o.get("prefix_cache_bytes"), prefix_block=int(o.get("prefix_block", 32)))
+                   prefix_cache_bytes=o.get("prefix_cache_bytes"), prefix_block=int(o.get("prefix_block", 32)),
+                   adaptive_threads=bool(o.get("adaptive_threads", True)))
 
     def _load(self, path: Path):
         return load_policy(path, self.device)
@@ -369,8 +372,10 @@ class HFEngine:
             for s in range(P, W, self.prefill_chunk):  # chunked prefill, each chunk attending to the cache
                 e = min(W, s + self.prefill_chunk)
                 extra = {self._cache_arg: cache} if cache is not None else {}
+                n, t0 = self.tuner.pick("prefill"), time.perf_counter()
                 out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=mask[:, :e],
                                  position_ids=pos[:, s:e].to(self.device), use_cache=True, logits_to_keep=1, **extra)
+                self.tuner.record("prefill", n, time.perf_counter() - t0, B * (e - s))
                 cache = _cache_of(out)
         for i, (j, h) in enumerate(items):
             used = max(0, lens[i] - S)
@@ -450,10 +455,13 @@ class HFEngine:
             for r in batch.rows:
                 r.pos += 1
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+            kind = decode_kind(len(batch.rows))
+            n, t0 = self.tuner.pick(kind), time.perf_counter()
             with torch.inference_mode():
                 out = self.model(input_ids=nxt, attention_mask=batch.mask, use_cache=True,
                                  position_ids=torch.tensor([[r.pos] for r in batch.rows], device=self.device),
                                  **{self._cache_arg: batch.cache})
+            self.tuner.record(kind, n, time.perf_counter() - t0)
             batch.cache, batch.logits = _cache_of(out), out.logits[:, -1, :].float()
             self.decode_steps += 1
             return batch
