@@ -187,6 +187,8 @@ class HFEngine:
         """False: requests that arrive mid-batch wait for it to end (the baseline bench/hf_batching.py measures)"""
         self.decode_steps = 0
         """decode forwards run so far (tests wait on it to send a request mid-generation)"""
+        self.timing = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_tokens": 0.0}
+        """forward time and rows decoded so far (the stats' decode tokens/s)"""
         self.policy_version = 0
         self.max_context = max_context or context_window(model_dir)
         self.prefix: PrefixCache | None = None
@@ -241,10 +243,11 @@ class HFEngine:
         return await job.future
 
     def stats(self) -> dict[str, float]:
-        """The prefix cache's counters and size (`PrefixCacheStats.as_metrics`), for the proxy's metrics."""
+        """The prefix cache's counters and size (`PrefixCacheStats.as_metrics`) and the forwards' time
+        (prefill_seconds, decode_seconds, decode_tokens, decode_steps), for the proxy's metrics."""
         snap = self.prefix.snapshot() if self.prefix else PrefixCacheStats(**self._stats.__dict__)
         snap.enabled = self.prefix is not None
-        return snap.as_metrics()
+        return {**snap.as_metrics(), **self.timing, "decode_steps": float(self.decode_steps)}
 
     async def close(self) -> None:
         self._stopped = True
@@ -375,7 +378,9 @@ class HFEngine:
                 n, t0 = self.tuner.pick("prefill"), time.perf_counter()
                 out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=mask[:, :e],
                                  position_ids=pos[:, s:e].to(self.device), use_cache=True, logits_to_keep=1, **extra)
-                self.tuner.record("prefill", n, time.perf_counter() - t0, B * (e - s))
+                dt = time.perf_counter() - t0
+                self.tuner.record("prefill", n, dt, B * (e - s))
+                self.timing["prefill_seconds"] += dt
                 cache = _cache_of(out)
         for i, (j, h) in enumerate(items):
             used = max(0, lens[i] - S)
@@ -461,7 +466,10 @@ class HFEngine:
                 out = self.model(input_ids=nxt, attention_mask=batch.mask, use_cache=True,
                                  position_ids=torch.tensor([[r.pos] for r in batch.rows], device=self.device),
                                  **{self._cache_arg: batch.cache})
-            self.tuner.record(kind, n, time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            self.tuner.record(kind, n, dt)
+            self.timing["decode_seconds"] += dt
+            self.timing["decode_tokens"] += sum(not r.finish for r in batch.rows)
             batch.cache, batch.logits = _cache_of(out), out.logits[:, -1, :].float()
             self.decode_steps += 1
             return batch
