@@ -158,12 +158,56 @@ def prefill_groups(items: list, slack: int = 32) -> list[list]:
     return groups
 
 
+def _growing_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A full-attention layer whose keys/values are views of buffers with room to grow: a decode step
+        writes its one new column instead of copying the whole cache (`torch.cat` in DynamicLayer.update
+        reads and writes every cached key and value on every step). Keys or values replaced from outside
+        (a join or a cut of rows) are copied into new buffers on the next update."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            n, add = self.keys.shape[-2], key_states.shape[-2]
+            kb, vb = getattr(self, "_kbuf", None), getattr(self, "_vbuf", None)
+            if not (kb is not None and kb.shape[0] == self.keys.shape[0] and kb.shape[-2] >= n + add
+                    and self.keys.data_ptr() == kb.data_ptr() and self.values.data_ptr() == vb.data_ptr()
+                    and self.keys.stride() == kb.stride() and self.values.stride() == vb.stride()):
+                b, h, _, d = self.keys.shape
+                cap = n + add + max(64, (n + add) // 2)  # geometric growth: amortized one copy per token
+                kb, vb = self.keys.new_empty((b, h, cap, d)), self.values.new_empty((b, h, cap, self.values.shape[-1]))
+                kb[:, :, :n], vb[:, :, :n] = self.keys, self.values
+                self._kbuf, self._vbuf = kb, vb
+            kb[:, :, n:n + add], vb[:, :, n:n + add] = key_states, value_states
+            self.keys, self.values = kb[:, :, :n + add], vb[:, :, :n + add]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+_GROWING: list = []
+
+
+def growing(cache: Any) -> Any:
+    """`cache` with its plain full-attention layers turned into GrowingLayers (in place)."""
+    from transformers.cache_utils import DynamicLayer
+
+    if not _GROWING:
+        _GROWING.append(_growing_layer_class())
+    cls = _GROWING[0]
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is DynamicLayer and layer.is_initialized:
+            layer.__class__ = cls  # same state; only update() differs
+    return cache
+
+
 def joinable(cache: Any) -> bool:
     """Whether batches with this cache can be joined and cut row-wise (plain full-attention layers only)."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+    ok = (DynamicLayer, *_GROWING)
+    return bool(layers) and all(type(layer) in ok and layer.keys is not None for layer in layers)
 
 
 class HFEngine:
@@ -401,7 +445,7 @@ class HFEngine:
                     self._store(cache, i, W - lens[i], j.prompt_ids)
         rows = [_Row(j, self._generator(j.sampling), set(j.sampling.stop_token_ids) | set(self.eos_ids),
                      len(j.prompt_ids) - 1) for j, _ in items]
-        return _Batch(rows, cache, mask, out.logits[:, -1, :].float())
+        return _Batch(rows, growing(cache), mask, out.logits[:, -1, :].float())
 
     def _store(self, cache: Any, row: int, offset: int, ids: list[int]) -> None:
         """Put the full blocks of `ids` (row `row`'s tokens, from cache column `offset`) into the prefix cache."""
