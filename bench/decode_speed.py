@@ -10,7 +10,8 @@ single-pass reads of a 512 MB fp32 tensor, and of 2048^2 fp32 matmuls, each with
 threads), so the limit is this machine's at this moment, then runs the hf engine at each --batch:
 that many requests with short prompts decoding --tokens tokens each at temperature 1. It prints
 the engine's decode tokens/s (forward time only, from the engine's stats; and wall time,
-sampling and Python included) and the ratio limit / measured. The load average is printed before
+sampling and Python included) and the ratio limit / measured. `--fixed-threads` runs every forward
+with the most threads, as the engine did before it chose per forward (docs/engines.md, Threads). The load average is printed before
 and after: on a shared machine the ratio says as much about the neighbours as about the engine.
 """
 
@@ -84,6 +85,8 @@ def main() -> int:
     ap.add_argument("--batch", default="1,4,8", help="comma-separated batch sizes")
     ap.add_argument("--tokens", type=int, default=32, help="tokens decoded per request")
     ap.add_argument("--threads", type=int, help="the most torch threads (default: torch's)")
+    ap.add_argument("--fixed-threads", action="store_true",
+                    help="always the most threads (adaptive_threads=false): the baseline of the engine's thread choice")
     ap.add_argument("--small", action="store_true", help="tiny model, batches 1 and 2, 8 tokens; < 30 s")
     a = ap.parse_args()
     if a.small:
@@ -93,7 +96,8 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     bw, flops = machine(32, 512, small=True) if a.small else machine(512, 2048)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = HFEngine(model_dir(a.model, Path(tmp)), max_batch=64, threads=a.threads, prefix_cache=False)
+        engine = HFEngine(model_dir(a.model, Path(tmp)), max_batch=64, threads=a.threads, prefix_cache=False,
+                          adaptive_threads=not a.fixed_threads)
         engine.eos_ids = ()  # decode the full budget: the model's end-of-turn would cut rows short
         params = {id(p): p for p in engine.model.parameters()}.values()  # tied weights once
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -112,6 +116,13 @@ def main() -> int:
             ok &= n == b * a.tokens
             bound = "bandwidth" if weight_bytes / bw >= 2 * n_params * b / flops else "FLOPs"
             print(f"| {b} | {limit:.1f} | {fwd:.1f} | {wall:.1f} | {limit / fwd:.2f} | {bound} |")
+        ema = engine.tuner.ema
+        kinds = sorted({k for k, _ in ema})
+        print("the engine's own timing of each kind of forward (moving average, the counts interleaved in this run):")
+        for k in kinds:
+            per = {n: v for (kk, n), v in ema.items() if kk == k}
+            unit = "ms/token" if k == "prefill" else "ms/step"
+            print(f"  {k}: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {v * 1e3:.1f} {unit}" for n, v in sorted(per.items())))
         asyncio.run(engine.close())
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0 if ok else 1
