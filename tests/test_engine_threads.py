@@ -15,6 +15,7 @@ def test_the_tuner_prefers_the_faster_count_and_retries_the_slower_now_and_then(
         t = ThreadTuner(most=2, explore_every=4)
         assert t.pick("decode1") == 1 and torch.get_num_threads() == 1  # each count is timed once first
         t.record("decode1", 1, 0.4)
+        assert torch.get_num_threads() == 2  # back to the most after the forward (threads started later get it)
         assert t.pick("decode1") == 2 and torch.get_num_threads() == 2
         t.record("decode1", 2, 0.1)  # 2 threads are 4x faster: 4 x 4 forwards before 1 thread is tried again
         picks = [t.pick("decode1") for _ in range(16)]

@@ -1,16 +1,17 @@
 """How many CPU threads each forward of the hf engine gets, chosen by timing forwards as they run.
 
 On a CPU shared with other processes, torch's intra-op threads wait at every operator's barrier for
-the slowest of them, and a thread the scheduler has parked stalls them all: on the 2-core machine
-with other jobs running, a SmolLM2-135M decode step took 426 ms with 2 threads against 140 ms with
-one (docs/engines.md). On an idle machine more threads win, for prefill (compute-bound) most of all.
+the slowest of them, and a thread the scheduler has parked stalls them all; on an idle machine more
+threads win, for prefill (compute-bound) most of all. Which is faster flips with the neighbours'
+load (docs/engines.md, "Decode speed").
 Neither count is right everywhere, and the load changes while a run goes on, so the engine times
 both: for each kind of forward it keeps a moving average of seconds per unit of work for 1 thread
 and for the most threads allowed, uses the faster, and now and then tries the slower one so that a
 change of load is noticed: after `explore_every` x (slower / faster) forwards, so that trying costs
 at most about 1/`explore_every` of the time whatever the gap. `torch.set_num_threads` from the engine's
-worker thread sets that thread's OpenMP and MKL thread counts (both thread-local), which is the
-thread that runs every forward.
+worker thread sets that thread's OpenMP and MKL counts, and also the count a thread that has not run
+torch yet starts with; so `record` puts the count back to `most` after each forward, and a trainer
+thread that starts while the engine is idle (as `clawgym run` does) gets all threads.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class ThreadTuner:
 
     def record(self, kind: str, threads: int, seconds: float, work: int = 1) -> None:
         """A forward of `kind` with `threads` threads took `seconds` for `work` units (tokens, steps)."""
+        import torch
+
+        if threads != self.most:
+            torch.set_num_threads(self.most)
         per = seconds / max(1, work)
         old = self.ema.get((kind, threads))
         self.ema[(kind, threads)] = per if old is None else 0.7 * old + 0.3 * per
