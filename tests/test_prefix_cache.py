@@ -151,6 +151,18 @@ def test_a_late_request_joins_a_running_batch_from_the_cache(tiny_model, cold):
     run(eng.close())
 
 
+def test_bad_cache_options_are_one_line_errors(tiny_model):
+    from clawgym.engines import EngineConfig, make_engine
+    from clawgym.errors import UserError
+
+    for key, value in (("prefix_cache_bytes", "lots"), ("prefix_cache_bytes", -1), ("prefix_block", 0)):
+        with pytest.raises(UserError, match=f"engine option {key}=.*whole number"):
+            make_engine("hf", EngineConfig(tiny_model, {key: value}))
+    eng = make_engine("hf", EngineConfig(tiny_model, {"prefix_cache_bytes": 0}))  # 0 bytes: no cache
+    assert eng.stats()["enabled"] == 0
+    run(eng.close())
+
+
 def test_lru_eviction_keeps_the_budget_and_chain_starts():
     block = torch.zeros(2, 2, 1, 4, 8)  # 2 layers, keys+values, 1 head, 4 tokens, dim 8: 512 bytes
     cache = PrefixCache(budget_bytes=4 * 512, block=4)

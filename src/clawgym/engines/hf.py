@@ -258,11 +258,20 @@ class HFEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> "HFEngine":
         o = config.options
+
+        def count(key: str, default: int | None, least: int) -> int | None:
+            v = o.get(key, default)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise UserError(f"engine option {key}={v!r}: give a whole number >= {least}")
+            return v
+
         return cls(config.model_dir, max_batch=int(o.get("max_batch", 8)), device=o.get("device", "cpu"),
                    threads=o.get("threads"), max_context=o.get("max_context"),
                    max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)),
                    late_admission=bool(o.get("late_admission", True)), prefix_cache=bool(o.get("prefix_cache", True)),
-                   prefix_cache_bytes=o.get("prefix_cache_bytes"), prefix_block=int(o.get("prefix_block", 32)),
+                   prefix_cache_bytes=count("prefix_cache_bytes", None, 0), prefix_block=count("prefix_block", 32, 1),
                    adaptive_threads=bool(o.get("adaptive_threads", True)))
 
     def _load(self, path: Path):
