@@ -217,7 +217,12 @@ def test_a_reload_drops_the_cache(tiny_model, tmp_path):
     run(eng.close())
 
 
-def test_a_sliding_window_model_turns_the_cache_off_once(tiny_model, tmp_path, caplog, cold):
+@pytest.mark.parametrize("found", ["from the config", "at the first prefill"])
+def test_a_sliding_window_model_turns_the_cache_off_once(tiny_model, tmp_path, caplog, monkeypatch, found):
+    """Found from the config at the start, or (a cache the config does not predict) by the first
+    prefill, whose admitted companions then wait for its batch instead of joining it."""
+    if found == "at the first prefill":
+        monkeypatch.setattr("clawgym.engines.hf.plain_attention", lambda config: True)
     model = tmp_path / "sliding"
     shutil.copytree(tiny_model, model)
     cfg = json.loads((model / "config.json").read_text())
@@ -226,13 +231,17 @@ def test_a_sliding_window_model_turns_the_cache_off_once(tiny_model, tmp_path, c
     (model / "config.json").write_text(json.dumps(cfg))
     eng = warm_engine(model)
     p = prompt(100, 17)
+    async def together():  # the same prompt twice at once: the second waits for the first's prefill
+        return await asyncio.gather(eng.generate(p, SEEDED), eng.generate(p, SEEDED))
+
     with caplog.at_level(logging.WARNING, logger="clawgym.engines.hf"):
-        a = run(eng.generate(p, SEEDED))
-        b = run(eng.generate(p, SEEDED))
+        a, b = run(together())
+        c = run(eng.generate(p, SEEDED))
     same(a, b)
+    same(a, c)
     assert len([r for r in caplog.records if "prefix cache off" in r.message]) == 1
     s = eng.stats()
-    assert s["enabled"] == 0 and s["prompt_tokens_cached"] == 0 and s["prompt_tokens_computed"] == 200
+    assert s["enabled"] == 0 and s["prompt_tokens_cached"] == 0 and s["prompt_tokens_computed"] == 300
     run(eng.close())
 
 

@@ -201,6 +201,17 @@ def growing(cache: Any) -> Any:
     return cache
 
 
+def plain_attention(config: Any) -> bool:
+    """Whether the model's own cache would hold plain full-attention layers only (known before a forward)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # a config transformers cannot build a cache from: the first prefill will tell
+        return True
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
 def joinable(cache: Any) -> bool:
     """Whether batches with this cache can be joined and cut row-wise (plain full-attention layers only)."""
     from transformers.cache_utils import DynamicLayer
@@ -250,6 +261,10 @@ class HFEngine:
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
         eos = cfg.eos_token_id
         self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+        if self.prefix is not None and not plain_attention(self.model.config):
+            self._turn_off_prefix("sliding-window or other layers")
+        self._requeue: list[_Job] = []
+        """admitted jobs a prefill gave back (the prefix cache turned off under them); they go first again"""
         self._jobs: queue.Queue = queue.Queue()
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="clawgym-hf-engine", daemon=True)
@@ -338,6 +353,8 @@ class HFEngine:
                 rows = len(batch.rows) if batch else 0
                 new = admissible(waiting, rows, batch.width if batch else 0, self.max_batch, self.max_batch_tokens)
                 batch = self._admit(batch, new)
+                waiting.extendleft(reversed(self._requeue))  # jobs a prefill could not take, first in line again
+                self._requeue.clear()
             if batch is not None:
                 batch = self._step(batch)
 
@@ -375,6 +392,9 @@ class HFEngine:
         while pending:  # a job whose next uncached block an earlier job of this pass computes waits a pass
             now, later, claimed = [], [], set()
             for j in pending:
+                if self.prefix is None:  # turned off by this admission's first prefill: wait for that batch
+                    self._requeue.append(j)
+                    continue
                 hit = self.prefix.lookup(j.prompt_ids, len(j.prompt_ids) - 1)
                 keys = self.prefix.keys(j.prompt_ids, len(j.prompt_ids) // self.prefix.block)[hit.tokens // self.prefix.block:]
                 if keys and keys[0] in claimed:
@@ -383,6 +403,9 @@ class HFEngine:
                     now.append((j, hit))
                     claimed.update(keys)
             for group in prefill_groups(now):
+                if self.prefix is None and batch is not None:  # turned off by the group before: cannot join it
+                    self._requeue.extend(j for j, _ in group)
+                    continue
                 new = self._prefill_group(group)
                 batch = new if batch is None else self._join(batch, new)
             pending = later
@@ -444,17 +467,21 @@ class HFEngine:
             self._stats.prompt_tokens_computed += lens[i] - used
         if self.prefix is not None:
             if not joinable(cache):
-                log.warning("hf engine: this model's KV cache (%s) cannot be joined or cut by rows; prefix cache off",
-                            ", ".join(sorted({type(x).__name__ for x in getattr(cache, "layers", [])})) or type(cache).__name__)
-                self._stats = PrefixCacheStats(**self.prefix.stats.__dict__)
-                self._stats.enabled = False
-                self.prefix = None
+                self._turn_off_prefix(", ".join(sorted({type(x).__name__ for x in getattr(cache, "layers", [])}))
+                                      or type(cache).__name__)
             else:
                 for i, (j, h) in enumerate(items):
                     self._store(cache, i, W - lens[i], j.prompt_ids)
         rows = [_Row(j, self._generator(j.sampling), set(j.sampling.stop_token_ids) | set(self.eos_ids),
                      len(j.prompt_ids) - 1) for j, _ in items]
         return _Batch(rows, growing(cache), mask, out.logits[:, -1, :].float())
+
+    def _turn_off_prefix(self, what: str) -> None:
+        log.warning("hf engine: this model's KV cache (%s) cannot be joined or cut by rows; prefix cache off", what)
+        assert self.prefix is not None
+        self._stats = PrefixCacheStats(**self.prefix.stats.__dict__)
+        self._stats.enabled = False
+        self.prefix = None
 
     def _store(self, cache: Any, row: int, offset: int, ids: list[int]) -> None:
         """Put the full blocks of `ids` (row `row`'s tokens, from cache column `offset`) into the prefix cache."""
