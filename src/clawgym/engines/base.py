@@ -82,6 +82,15 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsStats(Protocol):
+    """An engine with numbers of its own for the proxy's metrics (the hf engine's prefix cache)."""
+
+    def stats(self) -> dict[str, float]:
+        """Flat name -> value; the proxy exports each as the gauge `clawgym_engine_<name>`."""
+        ...
+
+
 def context_window(model_dir: Path) -> int:
     """The model's context window from its config.json (max_position_embeddings), or 32768."""
     import json

@@ -17,6 +17,17 @@ full-attention caches (transformers' `DynamicLayer`) can be joined this way. Any
 ends. Padding changes no row's result beyond float rounding (tests/test_engines.py checks a late
 request against the same request run alone).
 
+Prefix cache (`prefix_cache.py`): before a prefill, each request looks up the longest run of
+cached blocks at the start of its prompt (keyed by token ids, shared by every rollout) and computes
+only the tokens after it; the prompt's blocks, and at the end the blocks of prompt + output, are
+stored for later requests. Rows whose cached lengths differ prefill together in one right-aligned
+layout: the batch's past columns hold each row's cached keys/values (left-padded), and every row
+forwards the same number of new columns, so a row with a longer cached part recomputes some of it
+(never more than the longest suffix; requests whose suffixes differ a lot prefill in separate
+groups and join afterwards). Requests admitted together that share a prefix nobody has cached
+yet prefill in turn: the first computes it, the others find it. Non-joinable caches turn the
+prefix cache off (logged once). A reload drops the whole cache.
+
 Weight reloads go through the same queue: a reload waits for the running batch, and requests
 behind it wait for the reload, so every completion is sampled from exactly one policy version.
 """
@@ -24,15 +35,21 @@ behind it wait for the reload, so every completion is sampled from exactly one p
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window, load_policy
+from clawgym.engines.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit, default_budget
+from clawgym.engines.threads import ThreadTuner, decode_kind
 from clawgym.errors import UserError
+
+log = logging.getLogger("clawgym.engines.hf")
 
 
 @dataclass
@@ -123,12 +140,85 @@ def admissible(waiting: deque, rows: int, width: int, max_batch: int, max_batch_
     return taken
 
 
+def prefill_groups(items: list, slack: int = 32) -> list[list]:
+    """Split (job, hit) pairs into prefill groups: a joint prefill forwards every row's longest
+    suffix, so a row joins a group only while that costs at most 25% more than the rows' own
+    suffixes (plus `slack` tokens a row, about what one more forward's fixed cost buys on a CPU);
+    longest suffixes first."""
+    def suffix(it) -> int:
+        return len(it[0].prompt_ids) - it[1].tokens
+
+    groups: list[list] = []
+    for it in sorted(items, key=suffix, reverse=True):
+        g = groups[-1] if groups else None
+        if g is not None and suffix(g[0]) * (len(g) + 1) <= 1.25 * (sum(map(suffix, g)) + suffix(it)) + slack * (len(g) + 1):
+            g.append(it)
+        else:
+            groups.append([it])
+    return groups
+
+
+def _growing_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A full-attention layer whose keys/values are views of buffers with room to grow: a decode step
+        writes its one new column instead of copying the whole cache (`torch.cat` in DynamicLayer.update
+        reads and writes every cached key and value on every step). Keys or values replaced from outside
+        (a join or a cut of rows) are copied into new buffers on the next update."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            n, add = self.keys.shape[-2], key_states.shape[-2]
+            kb, vb = getattr(self, "_kbuf", None), getattr(self, "_vbuf", None)
+            if not (kb is not None and kb.shape[0] == self.keys.shape[0] and kb.shape[-2] >= n + add
+                    and self.keys.data_ptr() == kb.data_ptr() and self.values.data_ptr() == vb.data_ptr()
+                    and self.keys.stride() == kb.stride() and self.values.stride() == vb.stride()):
+                b, h, _, d = self.keys.shape
+                cap = n + add + max(64, (n + add) // 2)  # geometric growth: amortized one copy per token
+                kb, vb = self.keys.new_empty((b, h, cap, d)), self.values.new_empty((b, h, cap, self.values.shape[-1]))
+                kb[:, :, :n], vb[:, :, :n] = self.keys, self.values
+                self._kbuf, self._vbuf = kb, vb
+            kb[:, :, n:n + add], vb[:, :, n:n + add] = key_states, value_states
+            self.keys, self.values = kb[:, :, :n + add], vb[:, :, :n + add]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+_GROWING: list = []
+
+
+def growing(cache: Any) -> Any:
+    """`cache` with its plain full-attention layers turned into GrowingLayers (in place)."""
+    from transformers.cache_utils import DynamicLayer
+
+    if not _GROWING:
+        _GROWING.append(_growing_layer_class())
+    cls = _GROWING[0]
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is DynamicLayer and layer.is_initialized:
+            layer.__class__ = cls  # same state; only update() differs
+    return cache
+
+
+def plain_attention(config: Any) -> bool:
+    """Whether the model's own cache would hold plain full-attention layers only (known before a forward)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # a config transformers cannot build a cache from: the first prefill will tell
+        return True
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
 def joinable(cache: Any) -> bool:
     """Whether batches with this cache can be joined and cut row-wise (plain full-attention layers only)."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+    ok = (DynamicLayer, *_GROWING)
+    return bool(layers) and all(type(layer) in ok and layer.keys is not None for layer in layers)
 
 
 class HFEngine:
@@ -136,11 +226,12 @@ class HFEngine:
 
     def __init__(self, model_dir: Path, *, max_batch: int = 8, device: str = "cpu", threads: int | None = None,
                  max_context: int | None = None, max_batch_tokens: int = 65536, prefill_chunk: int = 2048,
-                 late_admission: bool = True):
+                 late_admission: bool = True, prefix_cache: bool = True, prefix_cache_bytes: int | None = None,
+                 prefix_block: int = 32, adaptive_threads: bool = True):
         import torch
 
-        if threads:
-            torch.set_num_threads(threads)
+        self.tuner = ThreadTuner(int(threads or torch.get_num_threads()), adaptive=adaptive_threads and device == "cpu")
+        """threads per forward: 1 or `threads` (default torch's), whichever runs faster now (threads.py)"""
         self.device = device
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
@@ -151,8 +242,16 @@ class HFEngine:
         """False: requests that arrive mid-batch wait for it to end (the baseline bench/hf_batching.py measures)"""
         self.decode_steps = 0
         """decode forwards run so far (tests wait on it to send a request mid-generation)"""
+        self.timing = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_tokens": 0.0}
+        """forward time and rows decoded so far (the stats' decode tokens/s)"""
         self.policy_version = 0
         self.max_context = max_context or context_window(model_dir)
+        self.prefix: PrefixCache | None = None
+        """the shared prefix KV cache (None: off, or the model's cache cannot be joined)"""
+        if prefix_cache:
+            budget = default_budget(device) if prefix_cache_bytes is None else int(prefix_cache_bytes)
+            self.prefix = PrefixCache(budget, int(prefix_block)) if budget > 0 else None
+        self._stats = self.prefix.stats if self.prefix else PrefixCacheStats(enabled=False)
         self.model = self._load(Path(model_dir))
         # transformers 5.2x renamed past_key_values to cache; accept either version.
         import inspect
@@ -162,6 +261,10 @@ class HFEngine:
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
         eos = cfg.eos_token_id
         self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+        if self.prefix is not None and not plain_attention(self.model.config):
+            self._turn_off_prefix("sliding-window or other layers")
+        self._requeue: list[_Job] = []
+        """admitted jobs a prefill gave back (the prefix cache turned off under them); they go first again"""
         self._jobs: queue.Queue = queue.Queue()
         self._stopped = False
         self._thread = threading.Thread(target=self._work, name="clawgym-hf-engine", daemon=True)
@@ -170,10 +273,21 @@ class HFEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> "HFEngine":
         o = config.options
+
+        def count(key: str, default: int | None, least: int) -> int | None:
+            v = o.get(key, default)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise UserError(f"engine option {key}={v!r}: give a whole number >= {least}")
+            return v
+
         return cls(config.model_dir, max_batch=int(o.get("max_batch", 8)), device=o.get("device", "cpu"),
                    threads=o.get("threads"), max_context=o.get("max_context"),
                    max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)),
-                   late_admission=bool(o.get("late_admission", True)))
+                   late_admission=bool(o.get("late_admission", True)), prefix_cache=bool(o.get("prefix_cache", True)),
+                   prefix_cache_bytes=count("prefix_cache_bytes", None, 0), prefix_block=count("prefix_block", 32, 1),
+                   adaptive_threads=bool(o.get("adaptive_threads", True)))
 
     def _load(self, path: Path):
         return load_policy(path, self.device)
@@ -195,6 +309,13 @@ class HFEngine:
         job = _Reload(Path(checkpoint_dir), loop.create_future(), loop)
         self._jobs.put(job)
         return await job.future
+
+    def stats(self) -> dict[str, float]:
+        """The prefix cache's counters and size (`PrefixCacheStats.as_metrics`) and the forwards' time
+        (prefill_seconds, decode_seconds, decode_tokens, decode_steps), for the proxy's metrics."""
+        snap = self.prefix.snapshot() if self.prefix else PrefixCacheStats(**self._stats.__dict__)
+        snap.enabled = self.prefix is not None
+        return {**snap.as_metrics(), **self.timing, "decode_steps": float(self.decode_steps)}
 
     async def close(self) -> None:
         self._stopped = True
@@ -232,12 +353,16 @@ class HFEngine:
                 rows = len(batch.rows) if batch else 0
                 new = admissible(waiting, rows, batch.width if batch else 0, self.max_batch, self.max_batch_tokens)
                 batch = self._admit(batch, new)
+                waiting.extendleft(reversed(self._requeue))  # jobs a prefill could not take, first in line again
+                self._requeue.clear()
             if batch is not None:
                 batch = self._step(batch)
 
     def _reload(self, r: _Reload) -> None:
         try:
             self.model = self._load(r.path)
+            if self.prefix:  # keys/values of the old weights must never serve the new version
+                self.prefix.clear()
             self.policy_version += 1
             _resolve(r, self.policy_version)
         except Exception as e:
@@ -259,27 +384,115 @@ class HFEngine:
             return batch
 
     def _prefill(self, jobs: list[_Job]) -> _Batch:
-        import torch
+        """Prefill `jobs` into one batch, each from the longest cached prefix of its prompt."""
+        if self.prefix is None:
+            return self._prefill_group([(j, PrefixHit(0)) for j in jobs])
+        batch: _Batch | None = None
+        pending = jobs
+        while pending:  # a job whose next uncached block an earlier job of this pass computes waits a pass
+            now, later, claimed = [], [], set()
+            for j in pending:
+                if self.prefix is None:  # turned off by this admission's first prefill: wait for that batch
+                    self._requeue.append(j)
+                    continue
+                hit = self.prefix.lookup(j.prompt_ids, len(j.prompt_ids) - 1)
+                keys = self.prefix.keys(j.prompt_ids, len(j.prompt_ids) // self.prefix.block)[hit.tokens // self.prefix.block:]
+                if keys and keys[0] in claimed:
+                    later.append(j)
+                else:
+                    now.append((j, hit))
+                    claimed.update(keys)
+            for group in prefill_groups(now):
+                if self.prefix is None and batch is not None:  # turned off by the group before: cannot join it
+                    self._requeue.extend(j for j, _ in group)
+                    continue
+                new = self._prefill_group(group)
+                batch = new if batch is None else self._join(batch, new)
+            pending = later
+        assert batch is not None
+        return batch
 
-        B, L = len(jobs), max(len(j.prompt_ids) for j in jobs)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, L), dtype=torch.long)
-        for i, j in enumerate(jobs):  # left padding: every row's next token sits at column L
-            ids[i, L - len(j.prompt_ids):] = torch.tensor(j.prompt_ids)
-            mask[i, L - len(j.prompt_ids):] = 1
+    def _prefill_group(self, items: list[tuple[_Job, PrefixHit]]) -> _Batch:
+        """One prefill forward (chunked) for rows that each start from their cached prefix.
+
+        Layout: rows right-aligned over width W = longest prompt; the last S columns (S = longest
+        uncached suffix) are forwarded, the W - S before them come from the cache. Row j uses the
+        first max(0, L_j - S) tokens of its cached prefix, which never exceeds what is cached.
+        """
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        B = len(items)
+        lens = [len(j.prompt_ids) for j, _ in items]
+        W = max(lens)
+        S = max(n - h.tokens for n, (_, h) in zip(lens, items))
+        P = W - S
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, W), dtype=torch.long)
+        for i, (j, _) in enumerate(items):  # left padding: every row's next token sits at column W
+            ids[i, W - lens[i]:] = torch.tensor(j.prompt_ids)
+            mask[i, W - lens[i]:] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         mask = mask.to(self.device)
         cache = None
+        if P > 0:  # the past columns: each row's cached blocks, left-padded with masked zeros
+            first = next(h.blocks[0] for _, h in items if h.blocks)
+            nl, _, heads, blk, hd = first.shape
+            past = first.new_zeros((nl, 2, B, heads, P, hd))
+            for i, (_, h) in enumerate(items):
+                use, col = max(0, lens[i] - S), P - max(0, lens[i] - S)
+                for b, t in enumerate(h.blocks):
+                    n = min(blk, use - b * blk)
+                    if n <= 0:
+                        break
+                    past[:, :, i, :, col + b * blk: col + b * blk + n] = t[:, :, :, :n]
+            cache = DynamicCache(ddp_cache_data=[(past[layer, 0], past[layer, 1]) for layer in range(nl)])
         with torch.inference_mode():
-            for s in range(0, L, self.prefill_chunk):  # chunked prefill, each chunk attending to the cache
-                e = min(L, s + self.prefill_chunk)
+            for s in range(P, W, self.prefill_chunk):  # chunked prefill, each chunk attending to the cache
+                e = min(W, s + self.prefill_chunk)
                 extra = {self._cache_arg: cache} if cache is not None else {}
+                n, t0 = self.tuner.pick("prefill"), time.perf_counter()
                 out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=mask[:, :e],
                                  position_ids=pos[:, s:e].to(self.device), use_cache=True, logits_to_keep=1, **extra)
+                dt = time.perf_counter() - t0
+                self.tuner.record("prefill", n, dt, B * (e - s))
+                self.timing["prefill_seconds"] += dt
                 cache = _cache_of(out)
+        for i, (j, h) in enumerate(items):
+            used = max(0, lens[i] - S)
+            self._stats.requests += 1
+            self._stats.requests_hit += used > 0
+            self._stats.prompt_tokens += lens[i]
+            self._stats.prompt_tokens_cached += used
+            self._stats.prompt_tokens_computed += lens[i] - used
+        if self.prefix is not None:
+            if not joinable(cache):
+                self._turn_off_prefix(", ".join(sorted({type(x).__name__ for x in getattr(cache, "layers", [])}))
+                                      or type(cache).__name__)
+            else:
+                for i, (j, h) in enumerate(items):
+                    self._store(cache, i, W - lens[i], j.prompt_ids)
         rows = [_Row(j, self._generator(j.sampling), set(j.sampling.stop_token_ids) | set(self.eos_ids),
-                     len(j.prompt_ids) - 1) for j in jobs]
-        return _Batch(rows, cache, mask, out.logits[:, -1, :].float())
+                     len(j.prompt_ids) - 1) for j, _ in items]
+        return _Batch(rows, growing(cache), mask, out.logits[:, -1, :].float())
+
+    def _turn_off_prefix(self, what: str) -> None:
+        log.warning("hf engine: this model's KV cache (%s) cannot be joined or cut by rows; prefix cache off", what)
+        assert self.prefix is not None
+        self._stats = PrefixCacheStats(**self.prefix.stats.__dict__)
+        self._stats.enabled = False
+        self.prefix = None
+
+    def _store(self, cache: Any, row: int, offset: int, ids: list[int]) -> None:
+        """Put the full blocks of `ids` (row `row`'s tokens, from cache column `offset`) into the prefix cache."""
+        import torch
+
+        def kv_of(s: int, e: int):
+            return torch.stack([torch.stack((layer.keys[row, :, offset + s:offset + e], layer.values[row, :, offset + s:offset + e]))
+                                for layer in cache.layers])
+
+        assert self.prefix is not None
+        self.prefix.insert(ids, kv_of)
 
     @staticmethod
     def _join(a: _Batch, b: _Batch) -> _Batch:
@@ -313,6 +526,10 @@ class HFEngine:
                 r.finish = "length"
             if r.finish:
                 _resolve(r.job, Generation(r.ids, r.logprobs, r.finish, version))
+                if self.prefix is not None and len(r.ids) > 1 and joinable(batch.cache):
+                    # the next call of this rollout starts with prompt + output: cache what was forwarded
+                    seq = r.job.prompt_ids + r.ids[:-1]
+                    self._store(batch.cache, i, batch.width - len(seq), seq)
         keep = [i for i, r in enumerate(batch.rows) if not r.finish]
         if not keep:
             return None
@@ -323,10 +540,16 @@ class HFEngine:
             for r in batch.rows:
                 r.pos += 1
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+            kind = decode_kind(len(batch.rows))
+            n, t0 = self.tuner.pick(kind), time.perf_counter()
             with torch.inference_mode():
                 out = self.model(input_ids=nxt, attention_mask=batch.mask, use_cache=True,
                                  position_ids=torch.tensor([[r.pos] for r in batch.rows], device=self.device),
                                  **{self._cache_arg: batch.cache})
+            dt = time.perf_counter() - t0
+            self.tuner.record(kind, n, dt)
+            self.timing["decode_seconds"] += dt
+            self.timing["decode_tokens"] += sum(not r.finish for r in batch.rows)
             batch.cache, batch.logits = _cache_of(out), out.logits[:, -1, :].float()
             self.decode_steps += 1
             return batch

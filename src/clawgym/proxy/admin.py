@@ -9,7 +9,8 @@
     POST   /admin/rollouts/{id}/script     {"items": [...]} queue model texts (scripted engine)
     POST   /admin/reload                   {"checkpoint": DIR} -> new policy_version
     GET    /admin/health                   engine, policy version, tool parser, rollouts, in flight
-    GET    /admin/metrics                  Prometheus text format
+    GET    /admin/metrics                  Prometheus text format (with the engine's own numbers as
+                                           clawgym_engine_* gauges when it reports any)
 
 The admin token travels as `Authorization: Bearer …` or `x-admin-token`. A rollout's API key is
 returned once, at registration, and never logged or recorded. Secrets are compared as the bytes
@@ -27,6 +28,7 @@ from typing import Any, Callable
 import orjson
 from aiohttp import web
 
+from clawgym.engines.base import ReportsStats
 from clawgym.errors import UserError
 from clawgym.proxy.types import ProtocolError
 
@@ -191,6 +193,9 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
         server.metrics.gauge_set("clawgym_proxy_policy_version", server.engine.policy_version)
         server.metrics.gauge_set("clawgym_proxy_rollouts", len(server.rollouts))
         server.metrics.gauge_set("clawgym_proxy_record_bytes", server.recorder.bytes_written)
+        if isinstance(server.engine, ReportsStats):  # e.g. the hf engine's prefix cache (docs/engines.md)
+            for name, value in server.engine.stats().items():
+                server.metrics.gauge_set(f"clawgym_engine_{name}", value)
         return web.Response(text=server.metrics.text(), content_type="text/plain", charset="utf-8")
 
     r = app.router

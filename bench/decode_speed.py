@@ -1,0 +1,132 @@
+"""hf engine decode speed against what the machine allows.
+
+    python3 bench/decode_speed.py --model smollm2-135m-instruct      # SmolLM2-135M (converted once, cached)
+    python3 bench/decode_speed.py --small                            # tiny model, < 30 s
+
+A decode step reads every weight once (tied embeddings once), so at small batch sizes a step cannot
+take less than weight bytes / memory bandwidth; at large ones it cannot take less than
+2 x parameters x rows / peak FLOP/s. The bench measures both rates here (the best of a few
+single-pass reads of a 512 MB fp32 tensor, and of 2048^2 fp32 matmuls, each with 1 and with all
+threads), so the limit is this machine's at this moment, then runs the hf engine at each --batch:
+that many requests with short prompts decoding --tokens tokens each at temperature 1. It prints
+the engine's decode tokens/s (forward time only, from the engine's stats; and wall time,
+sampling and Python included) and the ratio limit / measured. `--fixed-threads` runs every forward
+with the most threads, as the engine did before it chose per forward (docs/engines.md, Threads). The load average is printed before
+and after: on a shared machine the ratio says as much about the neighbours as about the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def model_dir(name: str | None, tmp: Path) -> Path:
+    if name is None:
+        from clawgym.model import init_model
+
+        init_model(tmp / "tiny", seed=0, size="tiny")
+        return tmp / "tiny"
+    if Path(name).exists():
+        return Path(name)
+    from clawgym.pretrained import init_pretrained
+
+    init_pretrained(tmp / name, name)
+    return tmp / name
+
+
+def machine(mb: int, n: int, small: bool = False) -> tuple[float, float]:
+    """(read bandwidth bytes/s, fp32 matmul FLOP/s): the best over 1 and all threads (1 only if small)."""
+    import torch
+
+    most = torch.get_num_threads()
+    a = torch.ones(mb * 2**20 // 4)
+    x, y = torch.randn(n, n), torch.randn(n, n)
+    bw = flops = 0.0
+    try:
+        for n_threads in [1] if small else sorted({1, most}):
+            torch.set_num_threads(n_threads)
+            for _ in range(5):
+                t = time.perf_counter()
+                a.sum()
+                bw = max(bw, a.numel() * 4 / (time.perf_counter() - t))
+            for _ in range(3):
+                t = time.perf_counter()
+                x @ y
+                flops = max(flops, 2 * n**3 / (time.perf_counter() - t))
+    finally:
+        torch.set_num_threads(most)
+    return bw, flops
+
+
+async def decode(engine, batch: int, tokens: int, vocab: int) -> tuple[float, float, int]:
+    """(forward-only tokens/s, wall tokens/s, tokens) for `batch` requests decoding `tokens` each."""
+    from clawgym.engines import Sampling
+
+    before = engine.stats()
+    t = time.perf_counter()
+    gens = await asyncio.gather(*[engine.generate([(7 * i + j) % (vocab - 10) + 5 for j in range(32)],
+                                                  Sampling(max_tokens=tokens, temperature=1.0, seed=i)) for i in range(batch)])
+    wall = time.perf_counter() - t
+    after = engine.stats()
+    n = sum(len(g.output_ids) for g in gens)
+    fwd = (after["decode_tokens"] - before["decode_tokens"]) / max(1e-9, after["decode_seconds"] - before["decode_seconds"])
+    return fwd, n / wall, n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="model directory or a `clawgym init-model --from` name (default: the tiny model)")
+    ap.add_argument("--batch", default="1,4,8", help="comma-separated batch sizes")
+    ap.add_argument("--tokens", type=int, default=32, help="tokens decoded per request")
+    ap.add_argument("--threads", type=int, help="the most torch threads (default: torch's)")
+    ap.add_argument("--fixed-threads", action="store_true",
+                    help="always the most threads (adaptive_threads=false): the baseline of the engine's thread choice")
+    ap.add_argument("--small", action="store_true", help="tiny model, batches 1 and 2, 8 tokens; < 30 s")
+    a = ap.parse_args()
+    if a.small:
+        a.model, a.batch, a.tokens = None, "1,2", 8
+    from clawgym.engines.hf import HFEngine
+
+    load0 = os.getloadavg()[0]
+    bw, flops = machine(32, 512, small=True) if a.small else machine(512, 2048)
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = HFEngine(model_dir(a.model, Path(tmp)), max_batch=64, threads=a.threads, prefix_cache=False,
+                          adaptive_threads=not a.fixed_threads)
+        engine.eos_ids = ()  # decode the full budget: the model's end-of-turn would cut rows short
+        params = {id(p): p for p in engine.model.parameters()}.values()  # tied weights once
+        weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        n_params = sum(p.numel() for p in params)
+        vocab = engine.model.config.vocab_size
+        asyncio.run(decode(engine, 1, 4, vocab))  # warm-up
+        print(f"weights {weight_bytes / 2**20:.0f} MiB ({n_params:,} parameters); read bandwidth {bw / 1e9:.1f} GB/s, "
+              f"fp32 matmul {flops / 1e9:.1f} GFLOP/s; load average {load0:.1f} on {os.cpu_count()} CPUs")
+        print("| batch | limit tok/s | decode tok/s (forward) | decode tok/s (wall) | limit / forward | bound by |")
+        print("|---|---|---|---|---|---|")
+        ok = True
+        for b in [int(x) for x in a.batch.split(",")]:
+            step = max(weight_bytes / bw, 2 * n_params * b / flops)
+            limit = b / step
+            fwd, wall, n = asyncio.run(decode(engine, b, a.tokens, vocab))
+            ok &= n == b * a.tokens
+            bound = "bandwidth" if weight_bytes / bw >= 2 * n_params * b / flops else "FLOPs"
+            print(f"| {b} | {limit:.1f} | {fwd:.1f} | {wall:.1f} | {limit / fwd:.2f} | {bound} |")
+        ema = engine.tuner.ema
+        kinds = sorted({k for k, _ in ema})
+        print("the engine's own timing of each kind of forward (moving average, the counts interleaved in this run):")
+        for k in kinds:
+            per = {n: v for (kk, n), v in ema.items() if kk == k}
+            unit = "ms/token" if k == "prefill" else "ms/step"
+            print(f"  {k}: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {v * 1e3:.1f} {unit}" for n, v in sorted(per.items())))
+        asyncio.run(engine.close())
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
