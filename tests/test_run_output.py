@@ -49,6 +49,8 @@ def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> Non
     line = step_line(3, 8, values, eta_s=492)
     assert line == ("step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s"
                     "  tree 0.36 (49,040 tok saved) | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s")
+    cached = step_line(3, 8, {**values, "proxy/prefix_hit_rate": 0.912, "proxy/prompt_computed_share": 0.088}, eta_s=None)
+    assert "  tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout" in cached
     with_kl = step_line(1, 1, {**values, "train/kl_ref": 0.25}, eta_s=None)
     assert "kl 0.2500" in with_kl and "mismatch" not in with_kl and "ETA" not in with_kl
     sft = {"rollout/teacher_reward_mean": 1.0, "train/sft_loss_first": 2.5, "train/sft_loss_last": 0.5,
@@ -203,7 +205,7 @@ def test_a_run_prints_one_line_per_step_and_feeds_every_sink(tmp_path: Path) -> 
     step_lines = [ln for ln in proc.stderr.splitlines() if re.match(r"step \d/2  reward \d\.\d{3} ± \d\.\d{3}", ln)]
     assert len(step_lines) == 2, proc.stderr
     assert " | rollout " in step_lines[0] and " train " in step_lines[0] and "ETA" in step_lines[0]
-    assert re.search(r"  tree \d\.\d\d \([\d,]+ tok saved\) \| ", step_lines[0]), step_lines[0]
+    assert re.search(r"  tree \d\.\d\d \([\d,]+ tok saved\)  prefix cache \d+% hit, \d+% computed \| ", step_lines[0]), step_lines[0]
     assert "pass@1 " in step_lines[1] and " eval " in step_lines[1]
     for table in ("trees per rollout", "train grpo:", "update 1 |", "Pass@1 (%) by category"):
         assert table not in proc.stderr  # only with --verbose
@@ -217,6 +219,9 @@ def test_a_run_prints_one_line_per_step_and_feeds_every_sink(tmp_path: Path) -> 
         assert m.values["train/trainable_tokens"] == sum(u["train/trainable_tokens"] for u in updates if u["train/epoch"] == 1)
         assert m.values["train/tokens_forwarded"] == sum(u["train/tokens_forwarded"] for u in updates)
         assert m.values["train/loss"] == pytest.approx(sum(u["train/loss"] for u in updates) / 4)
+        # the hf engine's prefix cache: two samples of a task share their prompt, so some of it is served
+        hit, computed = m.values["proxy/prefix_hit_rate"], m.values["proxy/prompt_computed_share"]
+        assert 0 < hit < 1 and hit + computed >= 1 - 1e-9, (hit, computed)
     acc = EventAccumulator(str(run.tensorboard))
     acc.Reload()
     assert [(e.step, round(e.value, 6)) for e in acc.Scalars("rollout/reward_mean")] == [

@@ -120,7 +120,7 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     """One readable line of a step's metrics.jsonl values, e.g.
 
     step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
-    tree 0.36 (49,040 tok saved) | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
+    tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
     """
     v = values
     parts = [f"step {step}/{steps}", f"reward {v.get('rollout/reward_mean', 0.0):.3f} ± {v.get('rollout/reward_std', 0.0):.3f}"]
@@ -128,6 +128,8 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     parts += [fmt.format(v[key]) for key, fmt in FIELDS if key in shown]
     if "trees/tree_token_ratio" in v:  # what tree packing saved over forwarding every call on its own
         parts.append(f"tree {v['trees/tree_token_ratio']:.2f} ({v.get('trees/tokens_saved', 0.0):,.0f} tok saved)")
+    if "proxy/prefix_hit_rate" in v:  # what the engine's prefix cache spared the step's prompts (docs/engines.md)
+        parts.append(f"prefix cache {v['proxy/prefix_hit_rate']:.0%} hit, {v.get('proxy/prompt_computed_share', 1.0):.0%} computed")
     phases = [f"{label} {duration(v[key])}" for key, label in PHASES if key in v]
     line = "  ".join(parts)
     if phases:

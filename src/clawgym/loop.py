@@ -192,9 +192,12 @@ def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages
         times[key] = time.monotonic() - t
 
     train_values: dict[str, float] = {}
+    engine_values: dict[str, float] = {}
     if not trained:
         stages.rule(f"step {step}/{recipe.run.steps}")
+        counts = _engine_counts(proxy)
         phase("rollouts", "time/collect_s", lambda: _collect(recipe, sdir, step, proxy, stages))
+        engine_values = _engine_values(counts, _engine_counts(proxy))
         phase("trees", "time/reconstruct_s", lambda: _reconstruct(recipe, sdir, stages))
         phase("train", "time/optimize_s", lambda: train_values.update(_train_step(recipe, sdir, policy, step, stages)))
         if proxy is not None:
@@ -203,12 +206,29 @@ def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages
         return None
     if trained:  # trained before a resume, not yet reported: its train/ values from the same reduction
         train_values = _train_step(recipe, sdir, policy, step, stages)
-    values = {**rollout_values(sdir), **trees_values(sdir), **train_values, **times}
+    values = {**rollout_values(sdir), **engine_values, **trees_values(sdir), **train_values, **times}
     if recipe.eval.every and step % recipe.eval.every == 0 and proxy is not None:
         phase("eval", "time/eval_s", lambda: values.update(_evaluate(recipe, run, step, proxy, stages)))
         values["time/eval_s"] = times["time/eval_s"]
     values["time/step_s"] = time.monotonic() - t0
     return values
+
+
+def _engine_counts(proxy) -> dict[str, float]:
+    """The engine's cumulative prompt-token counters (the hf engine's prefix cache); {} when it reports none."""
+    if proxy is None:
+        return {}
+    stats = proxy.admin("GET", "/admin/engine")["stats"]
+    return {k: float(stats[k]) for k in ("prompt_tokens", "prompt_tokens_cached", "prompt_tokens_computed") if k in stats}
+
+
+def _engine_values(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """A step's prefix-cache figures from the counters around its rollouts (docs/engines.md)."""
+    sent = after.get("prompt_tokens", 0.0) - before.get("prompt_tokens", 0.0)
+    if sent <= 0 or "prompt_tokens_cached" not in after:
+        return {}
+    return {M.PREFIX_HIT_RATE: (after["prompt_tokens_cached"] - before.get("prompt_tokens_cached", 0.0)) / sent,
+            M.PROMPT_COMPUTED_SHARE: (after["prompt_tokens_computed"] - before.get("prompt_tokens_computed", 0.0)) / sent}
 
 
 def _collect(recipe: Recipe, sdir: StepLayout, step: int, proxy, stages: Console) -> None:

@@ -26,11 +26,16 @@ TURNS_MAX = "rollout/turns_max"
 ROLLOUTS = "rollout/n"
 INFRA_ERRORS = "rollout/infra_error"
 TIMEOUTS = "rollout/timeout"
+PREFIX_HIT_RATE = "proxy/prefix_hit_rate"
+"""share of the step's prompt tokens whose keys and values the engine's prefix cache served (docs/engines.md)"""
+PROMPT_COMPUTED_SHARE = "proxy/prompt_computed_share"
+"""share of the step's prompt tokens the engine ran a forward over (1.0 without a cache)"""
 PASS_AT_1 = "eval/pass@1"
 """held-out Pass@1, a fraction: the mean over tasks of each task's mean score over its samples"""
 
 ROLLOUT_KEYS = (ROLLOUTS, REWARD_MEAN, REWARD_STD, INFRA_ERRORS, TIMEOUTS, RESPONSE_LENGTH_MEAN, RESPONSE_LENGTH_MAX,
                 TURNS_MEAN, TURNS_MAX)
+PROXY_KEYS = (PREFIX_HIT_RATE, PROMPT_COMPUTED_SHARE)
 
 FAMILIES = {
     "rollout/reward_mean/": "loop.rollout_values: the mean reward of one harness (rollout/reward_mean/HARNESS)",
@@ -62,4 +67,4 @@ PEERS = {
 
 def is_known(key: str) -> bool:
     """Whether `key` is declared here or lies in a family another module owns."""
-    return key in ROLLOUT_KEYS or key == PASS_AT_1 or any(key.startswith(prefix) for prefix in FAMILIES)
+    return key in ROLLOUT_KEYS or key in PROXY_KEYS or key == PASS_AT_1 or any(key.startswith(prefix) for prefix in FAMILIES)

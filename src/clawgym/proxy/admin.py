@@ -11,6 +11,8 @@
     GET    /admin/health                   engine, policy version, tool parser, rollouts, in flight
     GET    /admin/metrics                  Prometheus text format (with the engine's own numbers as
                                            clawgym_engine_* gauges when it reports any)
+    GET    /admin/engine                   {"stats": the engine's own numbers} ({} for an engine without any):
+                                           the run loop reads the prefix cache's counters per step
 
 The admin token travels as `Authorization: Bearer …` or `x-admin-token`. A rollout's API key is
 returned once, at registration, and never logged or recorded. Secrets are compared as the bytes
@@ -198,6 +200,9 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
                 server.metrics.gauge_set(f"clawgym_engine_{name}", value)
         return web.Response(text=server.metrics.text(), content_type="text/plain", charset="utf-8")
 
+    async def engine_stats(request: web.Request) -> web.Response:
+        return _json({"stats": server.engine.stats() if isinstance(server.engine, ReportsStats) else {}})
+
     r = app.router
     r.add_post("/admin/rollouts", authed(register))
     r.add_get("/admin/rollouts/{id}", authed(get_status))
@@ -207,6 +212,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
     r.add_post("/admin/reload", authed(reload))
     r.add_get("/admin/health", authed(health))
     r.add_get("/admin/metrics", authed(metrics))
+    r.add_get("/admin/engine", authed(engine_stats))
 
 
 def wait_settled(status: Callable[[], dict], timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict | None:
