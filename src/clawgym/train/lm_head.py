@@ -1,14 +1,17 @@
 """The LM head over scored tokens in chunks: each token's target logprob and entropy, never all logits at once.
 
-Scoring T tokens against a vocabulary of V needs the [T, V] logits, their log-softmax and (for the
-entropy) its exp: at V = 152k that is about 0.6 MB per tensor per token in fp32, more than the
-whole backbone's activations per token. `chunked_logprobs` instead runs the head on `chunk` tokens
-at a time. In the forward pass each chunk's [chunk, V] tensors are freed as soon as its two [chunk]
-results exist; for the backward pass each chunk keeps only its input rows ([chunk, H]) and is
-recomputed there (torch's non-reentrant activation checkpointing), so at most one chunk's vocabulary
-tensors are alive at any moment, in either pass. The head function itself is unchanged, so the
-values are those of one [T, V] pass (row-wise operations on the same rows) and the gradients are
-exact; the weight's gradient is summed over the chunks by autograd, as for any reused weight.
+Scoring T tokens against a vocabulary of V through autograd's own ops (`whole_score`, `--head-chunk
+0`) keeps the [T, V] logits, their log-softmax, its exp and their product for the backward: at
+V = 152k about 0.6 MB per tensor per token in fp32, more than the whole backbone's activations per
+token. `chunked_logprobs` instead runs the head on `chunk` tokens at a time. In the forward pass each
+chunk's [chunk, V] tensors are freed as soon as its two [chunk] results exist; for the backward pass
+each chunk keeps only its input rows ([chunk, H]) and is recomputed there (torch's non-reentrant
+activation checkpointing), so at most one chunk's vocabulary tensors are alive at any moment, in
+either pass. Within a chunk `_Score` computes the logprob and entropy with a hand-written backward
+that needs two [chunk, V] buffers. The head function (projection, scaling, soft-capping) is
+unchanged, so the values are those of one [T, V] pass up to fp32 summation order, and the gradients
+are exact; the weight's gradient is summed over the chunks by autograd, as for any reused weight,
+which costs one weight-sized gradient beside the running sum.
 
 The cost: the head's matmul runs twice for the trainable tokens (forward, then recompute in the
 backward), which is T·H·V multiply-adds more, small beside the backbone's per-token work on the
@@ -22,11 +25,59 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK = 512  # tokens per chunk: [512, V] fp32 is 100 MB at V = 49k, 311 MB at 152k
+from clawgym.train.config import HEAD_CHUNK as DEFAULT_CHUNK
+
+
+class _Score(torch.autograd.Function):
+    """Target logprob and entropy of fp32 logits [c, V], with the gradient written out by hand.
+
+    The same formulas as a log-softmax, a gather and −Σ p·log p, but the backward pass rebuilds
+    log p and p from the logits and the saved log-sum-exp in two [c, V] buffers instead of autograd's
+    chain of saved [c, V] tensors and their gradients:
+        ∂ log p_t / ∂z_j = [j = t] − p_j,    ∂H / ∂z_j = −p_j (log p_j + H).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [c, 1]
+        logp_all = logits - lse  # [c, V]
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # [c]
+        if with_entropy:
+            # −Σ_j p_j log p_j as a batched dot product: no third [c, V] tensor for the product
+            entropy = -torch.bmm(logp_all.exp()[:, None, :], logp_all[:, :, None]).reshape(-1)  # [c]
+        else:
+            entropy = logits.new_zeros(logits.shape[0])
+        ctx.save_for_backward(logits, lse, targets, entropy)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):
+        logits, lse, targets, entropy = ctx.saved_tensors
+        c = logits.shape[0]
+        g_logp = g_logp if g_logp is not None else logits.new_zeros(c)
+        grad = logits - lse  # [c, V]: log p
+        p = grad.exp()  # [c, V]
+        if g_ent is not None:
+            grad.add_(entropy[:, None]).mul_(g_ent[:, None]).add_(g_logp[:, None])  # g_lp + g_H (log p + H)
+        else:
+            grad.copy_(g_logp[:, None].expand_as(grad))
+        grad.mul_(p).neg_()
+        del p
+        grad.scatter_add_(-1, targets[:, None], g_logp[:, None])  # + g_lp at the target
+        return grad, None, None
 
 
 def score_logits(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target logprob [T] and entropy [T] (or None) of fp32 logits [T, V] and target ids [T]."""
+    logp, entropy = _Score.apply(logits, targets, with_entropy)
+    return logp, entropy if with_entropy else None
+
+
+def whole_score(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The same through autograd's own log-softmax, gather and −Σ p·log p, every [T, V] tensor kept for
+    the backward: the unchunked head (`chunk` 0), which the tests and bench/train.py compare with."""
     logp_all = torch.log_softmax(logits, dim=-1)  # [T, V]
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # [T]
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # [T]
@@ -38,10 +89,12 @@ def chunked_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch
     """`score_logits(head(hidden), targets)` computed `chunk` rows at a time.
 
     head: hidden [n, H] → fp32 logits [n, V]; hidden [T, H]; targets [T] long → logp [T], entropy [T] or None.
-    chunk <= 0 runs the head on all T rows at once (the unchunked reference).
+    chunk <= 0 runs the head on all T rows at once through autograd's own ops (`whole_score`).
     """
     T = hidden.shape[0]
-    if chunk <= 0 or T <= chunk:
+    if chunk <= 0:
+        return whole_score(head(hidden), targets, with_entropy)
+    if T <= chunk:
         return score_logits(head(hidden), targets, with_entropy)
 
     def one(h: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
