@@ -20,7 +20,6 @@ backward by the largest micro-batch (unique storages seen by a saved-tensors hoo
 a better CPU memory figure than RSS).
 
     python bench/train.py            # tiny init-model policy, 1 thread, a few minutes
-    python bench/train.py --small    # smaller trees, under a minute
 
 With `--lora-rank R` it instead compares one optimizer step (forward + backward + AdamW) of full
 fine-tuning with LoRA adapters of rank R, on the same packed trees: step time and the bytes of
@@ -36,6 +35,23 @@ branched tree of 8k and 32k tokens: bytes the mask keeps, build time, and forwar
 where this machine can run it (FlexAttention has no backward on CPU):
 
     nice -n 10 python bench/train.py --masks
+
+With `--harness` it runs whole harness-shaped steps (`claude_code_step`: 4 tasks × 4 rollouts under
+one ~6k-token system prompt, 3–8 calls each, subagents with their own shared prompt;
+`openclaw_step`: 2 tasks × 4 rollouts under ~19k tokens, each branching where its context was
+pruned) as the trainer plans them, three ways: before (today's budget, the whole LM head), after
+(the chunked head, same budget) and after with the budget that the same memory holds with the
+chunked head (clawgym.train.memory). It prints tokens forwarded / the step's unique tokens, process
+CPU time of forward + backward / a plain causal pass over the unique tokens (cut into budget-long
+rows, the same number of scored tokens), and the LM head's peak resident memory per trainable token
+(measured alone in a fresh process, with the micro-batch's trainable tokens), then the head alone
+at 1k and 4k trainable tokens with SmolLM2's 49k vocabulary:
+
+    nice -n 10 python bench/train.py --harness                                  # tiny model
+    nice -n 10 python bench/train.py --harness --models smollm2 --repeats 1     # SmolLM2-135M, reduced steps
+
+`--small` runs the harness steps tiny (a 180-token system prompt), once, as a correctness check
+(chunked and whole head give the same logprobs, entropies and gradients; exit 1 if not), in seconds.
 
 With `--group` it packs a Claude-Code-like GRPO group (8 rollouts sharing a 19k-token prompt, then
 each its own turns) as one tree per rollout vs one group trie (`--share-prefixes`, trie.py):
@@ -530,6 +546,11 @@ def _head_mem_child(spec: str) -> None:
         line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(field))
         return int(line.split()[1]) * 1024
 
+    # Warm-up on 2 rows: the first checkpointed call loads code lazily (tens of MB resident), which is not the head's.
+    lp, _ = chunked_logprobs(lambda x: (x @ w.T).float(), hidden[:2].detach().requires_grad_(), targets[:2], 1, True)
+    lp.sum().backward()
+    del lp
+    w.grad.zero_()
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current size
     base = rss("VmRSS")
     logp, ent = chunked_logprobs(lambda x: (x @ w.T).float(), hidden, targets, chunk, with_entropy=True)
@@ -620,9 +641,11 @@ def harness(args) -> int:
     from clawgym.train.trie import merge_trees
 
     chunk = args.head_chunk
-    models = [("tiny", _tiny_policy(args), args.scale, args.budget)]
-    if args.smollm2:
-        # A reduced shape on a shared CPU: SmolLM2's forward costs ~1 GFLOP per token.
+    models = []
+    if "tiny" in args.models.split(","):
+        models.append(("tiny", _tiny_policy(args), args.scale, args.budget))
+    if "smollm2" in args.models.split(","):
+        # A reduced shape on a shared CPU: SmolLM2's forward and backward cost ~0.8 GFLOP per token.
         models.append(("smollm2-135m", _smollm2_policy(), args.smollm2_scale, max(256, int(args.budget * args.smollm2_scale))))
     table = Table(title=f"harness-shaped steps: forward + backward of the whole step, {args.threads} thread(s), "
                         f"median of {args.repeats} (process CPU s), head chunk {chunk}")
@@ -635,7 +658,10 @@ def harness(args) -> int:
         for shape, make in HARNESS_STEPS.items():
             trees = [pack_tree(n) for n in make(random.Random(0), V, scale)]
             unique = merge_trees(trees).n_tokens
-            b1 = same_memory_budget(policy.lm.config, b0, sum(t.n_trainable for t in trees) / unique, chunk)
+            # The budget the whole head's memory holds with the chunked head, for the full-size step (a
+            # reduced step scales it like its tokens: the chunk's fixed memory does not shrink with it).
+            frac = sum(t.n_trainable for t in trees) / unique
+            b1 = max(b0, int(same_memory_budget(policy.lm.config, round(b0 / scale), frac, chunk) * scale))
             runs = _step_runs(trees, [b0, b1])
             worst = max(worst, _same_scores(policy, runs[("step", b0)], chunk))
             configs = [(f"before: budget {b0:,}, whole head", ("step", b0), 0), (f"after: budget {b0:,}, chunked", ("step", b0), chunk),
@@ -717,12 +743,13 @@ def main() -> int:
     ap.add_argument("--group", action="store_true", help="compare per-rollout trees with one group trie (8 rollouts, 19k shared)")
     ap.add_argument("--harness", action="store_true", help="Claude-Code- and OpenClaw-shaped steps, before/after the chunked head")
     ap.add_argument("--head-chunk", type=int, default=HEAD_CHUNK, help="--harness: LM-head chunk of the 'after' runs")
-    ap.add_argument("--smollm2", action="store_true", help="--harness: also SmolLM2-135M-Instruct (converted once, cached)")
-    ap.add_argument("--smollm2-scale", type=float, default=0.05, help="--harness: SmolLM2's (reduced) step size factor")
+    ap.add_argument("--models", default="tiny", help="--harness: tiny and/or smollm2 (SmolLM2-135M-Instruct, "
+                                                     "converted once and cached), comma-separated")
+    ap.add_argument("--smollm2-scale", type=float, default=0.02, help="--harness: SmolLM2's (reduced) step size factor")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.small:  # tiny steps (a 180-token system prompt), one round, no subprocess measurements
-        args.scale, args.repeats, args.budget, args.smollm2 = args.scale or 0.03, 1, 256, False
+        args.scale, args.repeats, args.budget, args.models = args.scale or 0.03, 1, 256, "tiny"
         return harness(args)
     args.scale = args.scale if args.scale is not None else 1.0
     if args.harness:
