@@ -39,21 +39,26 @@ class _Score(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [c, 1]
-        logp_all = logits - lse  # [c, V]
-        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # [c]
-        if with_entropy:
-            # −Σ_j p_j log p_j as a batched dot product: no third [c, V] tensor for the product
-            entropy = -torch.bmm(logp_all.exp()[:, None, :], logp_all[:, :, None]).reshape(-1)  # [c]
-        else:
-            entropy = logits.new_zeros(logits.shape[0])
+        # fp32 throughout: under CUDA autocast bmm would run in bf16
+        with torch.autocast(logits.device.type, enabled=False):
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [c, 1]
+            logp_all = logits - lse  # [c, V]
+            logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # [c]
+            if with_entropy:
+                # −Σ_j p_j log p_j as a batched dot product: no third [c, V] tensor for the product
+                entropy = -torch.bmm(logp_all.exp()[:, None, :], logp_all[:, :, None]).reshape(-1)  # [c]
+            else:
+                entropy = logits.new_zeros(logits.shape[0])
         ctx.save_for_backward(logits, lse, targets, entropy)
+        ctx.set_materialize_grads(False)  # an entropy that only feeds a metric brings no gradient: skip its terms
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):
+        if g_logp is None and g_ent is None:
+            return None, None, None
         logits, lse, targets, entropy = ctx.saved_tensors
         c = logits.shape[0]
         g_logp = g_logp if g_logp is not None else logits.new_zeros(c)
