@@ -8,7 +8,7 @@ chunk's [chunk, V] tensors are freed as soon as its two [chunk] results exist; f
 each chunk keeps only its input rows ([chunk, H]) and is recomputed there (torch's non-reentrant
 activation checkpointing), so at most one chunk's vocabulary tensors are alive at any moment, in
 either pass. Within a chunk `_Score` computes the logprob and entropy with a hand-written backward
-that needs two [chunk, V] buffers. The head function (projection, scaling, soft-capping) is
+that keeps log p alone and needs two more [chunk, V] buffers. The head function (projection, scaling, soft-capping) is
 unchanged, so the values are those of one [T, V] pass up to fp32 summation order, and the gradients
 are exact; the weight's gradient is summed over the chunks by autograd, as for any reused weight,
 which costs one weight-sized gradient beside the running sum.
@@ -31,25 +31,24 @@ from clawgym.train.config import HEAD_CHUNK as DEFAULT_CHUNK
 class _Score(torch.autograd.Function):
     """Target logprob and entropy of fp32 logits [c, V], with the gradient written out by hand.
 
-    The same formulas as a log-softmax, a gather and −Σ p·log p, but the backward pass rebuilds
-    log p and p from the logits and the saved log-sum-exp in two [c, V] buffers instead of autograd's
-    chain of saved [c, V] tensors and their gradients:
+    The forward computes log p as a log-softmax does (x − max − log Σ exp(x − max)) and the entropy as
+    −Σ p·log p, in the same order as `whole_score`; it keeps only log p for the backward, which
+    rebuilds p from it in one more [c, V] buffer beside the gradient's instead of autograd's chain of
+    saved [c, V] tensors and their gradients:
         ∂ log p_t / ∂z_j = [j = t] − p_j,    ∂H / ∂z_j = −p_j (log p_j + H).
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-        # fp32 throughout: under CUDA autocast bmm would run in bf16
-        with torch.autocast(logits.device.type, enabled=False):
-            lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [c, 1]
-            logp_all = logits - lse  # [c, V]
+        with torch.autocast(logits.device.type, enabled=False):  # fp32 throughout, as the whole head
+            logp_all = logits - logits.amax(-1, keepdim=True)  # [c, V]
+            logp_all -= logp_all.exp().sum(-1, keepdim=True).log()  # log p
             logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # [c]
             if with_entropy:
-                # −Σ_j p_j log p_j as a batched dot product: no third [c, V] tensor for the product
-                entropy = -torch.bmm(logp_all.exp()[:, None, :], logp_all[:, :, None]).reshape(-1)  # [c]
+                entropy = -logp_all.exp().mul_(logp_all).sum(-1)  # [c]
             else:
                 entropy = logits.new_zeros(logits.shape[0])
-        ctx.save_for_backward(logits, lse, targets, entropy)
+        ctx.save_for_backward(logp_all, targets, entropy)
         ctx.set_materialize_grads(False)  # an entropy that only feeds a metric brings no gradient: skip its terms
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -59,16 +58,15 @@ class _Score(torch.autograd.Function):
     def backward(ctx, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):
         if g_logp is None and g_ent is None:
             return None, None, None
-        logits, lse, targets, entropy = ctx.saved_tensors
-        c = logits.shape[0]
-        g_logp = g_logp if g_logp is not None else logits.new_zeros(c)
-        grad = logits - lse  # [c, V]: log p
-        p = grad.exp()  # [c, V]
+        logp_all, targets, entropy = ctx.saved_tensors
+        c = logp_all.shape[0]
+        g_logp = g_logp if g_logp is not None else logp_all.new_zeros(c)
+        p = logp_all.exp()  # [c, V]
         if g_ent is not None:
-            grad.add_(entropy[:, None]).mul_(g_ent[:, None]).add_(g_logp[:, None])  # g_lp + g_H (log p + H)
+            grad = (logp_all + entropy[:, None]).mul_(g_ent[:, None]).add_(g_logp[:, None])  # g_lp + g_H (log p + H)
+            grad.mul_(p).neg_()
         else:
-            grad.copy_(g_logp[:, None].expand_as(grad))
-        grad.mul_(p).neg_()
+            grad = p.mul_(-g_logp[:, None])
         del p
         grad.scatter_add_(-1, targets[:, None], g_logp[:, None])  # + g_lp at the target
         return grad, None, None
