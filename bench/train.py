@@ -20,7 +20,6 @@ backward by the largest micro-batch (unique storages seen by a saved-tensors hoo
 a better CPU memory figure than RSS).
 
     python bench/train.py            # tiny init-model policy, 1 thread, a few minutes
-    python bench/train.py --small    # smaller trees, under a minute
 
 With `--lora-rank R` it instead compares one optimizer step (forward + backward + AdamW) of full
 fine-tuning with LoRA adapters of rank R, on the same packed trees: step time and the bytes of
@@ -37,6 +36,23 @@ where this machine can run it (FlexAttention has no backward on CPU):
 
     nice -n 10 python bench/train.py --masks
 
+With `--harness` it runs whole harness-shaped steps (`claude_code_step`: 4 tasks × 4 rollouts under
+one ~6k-token system prompt, 3–8 calls each, subagents with their own shared prompt;
+`openclaw_step`: 2 tasks × 4 rollouts under ~19k tokens, each branching where its context was
+pruned) as the trainer plans them, three ways: before (today's budget, the whole LM head), after
+(the chunked head, same budget) and after with the budget that the same memory holds with the
+chunked head (clawgym.train.memory). It prints tokens forwarded / the step's unique tokens, process
+CPU time of forward + backward / a plain causal pass over the unique tokens (cut into budget-long
+rows, the same number of scored tokens), and the LM head's peak resident memory per trainable token
+(measured alone in a fresh process, with the micro-batch's trainable tokens), then the head alone
+at 1k and 4k trainable tokens with SmolLM2's 49k vocabulary:
+
+    nice -n 10 python bench/train.py --harness                                  # tiny model
+    nice -n 10 python bench/train.py --harness --models smollm2 --repeats 1     # SmolLM2-135M, reduced steps
+
+`--small` runs the harness steps tiny (a 180-token system prompt), once, as a correctness check
+(chunked and whole head give the same logprobs, entropies and gradients; exit 1 if not), in seconds.
+
 With `--group` it packs a Claude-Code-like GRPO group (8 rollouts sharing a 19k-token prompt, then
 each its own turns) as one tree per rollout vs one group trie (`--share-prefixes`, trie.py):
 tokens forwarded and forward + backward wall time, with the ratios:
@@ -50,6 +66,8 @@ import argparse
 import math
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -62,6 +80,8 @@ from rich.table import Table
 from clawgym.artifacts import TreeNode
 from clawgym.train import lora
 from clawgym.train.attention import TreePlan, implementation
+from clawgym.train.config import HEAD_CHUNK
+from clawgym.train.lm_head import chunked_logprobs
 from clawgym.train.packing import PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches, root_paths
 
 
@@ -81,7 +101,7 @@ class TreeMaker:
         toks = toks if toks is not None else [self.rng.randrange(4, self.vocab) for _ in range(n)]
         lps = [-self.rng.random() for _ in toks] if kind == "model" else []
         self.nodes.append(TreeNode(self.rid, nid, parent, toks, kind, lps, call, 0, role, kept, depth, drop))
-        self.end[nid] = depth + n
+        self.end[nid] = depth + len(toks)
         return nid
 
     def r(self, a: int, b: int) -> int:
@@ -442,9 +462,286 @@ def group(args) -> None:
     Console(width=200).print(table)
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------------------------
+# Harness-shaped steps (--harness): the whole step's rollouts, sharing a system prompt
+# ---------------------------------------------------------------------------------------------
+
+
+def claude_code_step(rng: random.Random, vocab: int, s: float, tasks: int = 4, k: int = 4) -> list[list[TreeNode]]:
+    """N tasks × K rollouts: one ~6k-token system prompt + tool schemas for all, one task prompt per
+    task, then 3–8 calls of model output and tool result; half the rollouts start a subagent, whose
+    own ~2k-token system prompt is the same in every rollout."""
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(4, vocab) for _ in range(max(1, int(n * s)))]
+
+    system, sub_system = toks(6000), toks(2000)
+    step = []
+    for task in range(tasks):
+        prompt = toks(300)
+        for r in range(k):
+            t = TreeMaker(f"cc{task}.{r}", rng, vocab)
+            x = t.add(t.add(-1, 0, "env", "c0", toks=system), 0, "env", "c0", toks=prompt)
+            calls = t.r(3, 8)
+            for c in range(calls):
+                out = t.add(x, t.r(int(40 * s) + 1, int(200 * s) + 1), "model", f"c{c}")
+                if c == 1 and r % 2 == 0:  # a subagent: its own tree, same system prompt in every rollout
+                    y = t.add(-1, 0, "env", f"sub{c}", "subagent", True, "subagent", toks=sub_system)
+                    for j in range(2):
+                        y = t.add(t.add(y, t.r(int(80 * s) + 1, int(200 * s) + 1), "env", f"sub{c}.{j}", "subagent", True, "subagent"),
+                                  t.r(int(40 * s) + 1, int(120 * s) + 1), "model", f"sub{c}.{j}", "subagent", True, "subagent")
+                x = t.add(out, t.r(int(100 * s) + 1, int(600 * s) + 1), "env", f"c{c + 1}")
+            step.append(t.nodes)
+    return step
+
+
+def openclaw_step(rng: random.Random, vocab: int, s: float, tasks: int = 2, k: int = 4) -> list[list[TreeNode]]:
+    """N tasks × K rollouts under a ~19k-token system prompt; midway each rollout's context is pruned:
+    the next call starts again from the system prompt with the task and only the latest messages, so
+    the tree branches right under the system prompt (the dropped messages end the first branch)."""
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(4, vocab) for _ in range(max(1, int(n * s)))]
+
+    system = toks(19000)
+    step = []
+    for task in range(tasks):
+        prompt = toks(400)
+        for r in range(k):
+            t = TreeMaker(f"oc{task}.{r}", rng, vocab)
+            root = t.add(-1, 0, "env", "c0", toks=system)
+            x, recent = t.add(root, 0, "env", "c0", toks=prompt), []
+            calls, prune_at = t.r(4, 8), 2
+            for c in range(calls):
+                if c == prune_at:  # dropped context: system + task + the last tool result, re-sent
+                    x = t.add(root, 0, "env", f"c{c}", toks=prompt + recent)
+                out = t.add(x, t.r(int(40 * s) + 1, int(200 * s) + 1), "model", f"c{c}")
+                recent = toks(t.r(100, 800))
+                x = t.add(out, 0, "env", f"c{c + 1}", toks=recent)
+            step.append(t.nodes)
+    return step
+
+
+HARNESS_STEPS = {"claude-code": claude_code_step, "openclaw": openclaw_step}
+
+
+def head_peak_bytes(T: int, V: int, H: int, chunk: int) -> int:
+    """Peak resident-memory growth of one LM-head forward + backward (logprob and entropy of T tokens,
+    vocabulary V, hidden H) with `chunk`-token chunks (0: the whole head), in a fresh process whose
+    peak is reset (/proc/self/clear_refs) once its inputs and gradient buffers exist."""
+    out = subprocess.run([sys.executable, __file__, "--head-mem", f"{T},{V},{H},{chunk}"], capture_output=True,
+                         text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def _head_mem_child(spec: str) -> None:
+    T, V, H, chunk = (int(x) for x in spec.split(","))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(V, H) * 0.02)  # [V, H]
+    w.grad = torch.zeros_like(w)  # the weight's gradient exists already: it is not the head's cost
+    hidden = torch.randn(T, H, requires_grad=True)  # [T, H]
+    hidden.grad = torch.zeros_like(hidden)
+    targets, coef = torch.randint(0, V, (T,)), torch.randn(T)
+
+    def rss(field: str) -> int:
+        line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(field))
+        return int(line.split()[1]) * 1024
+
+    # Warm-up on 2 rows: the first checkpointed call loads code lazily (tens of MB resident), which is not the head's.
+    lp, _ = chunked_logprobs(lambda x: (x @ w.T).float(), hidden[:2].detach().requires_grad_(), targets[:2], 1, True)
+    lp.sum().backward()
+    del lp
+    w.grad.zero_()
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current size
+    base = rss("VmRSS")
+    logp, ent = chunked_logprobs(lambda x: (x @ w.T).float(), hidden, targets, chunk, with_entropy=True)
+    (coef * logp).sum().backward()  # training's loss: the logprobs; the entropy is a metric
+    print(rss("VmHWM") - base)
+
+
+@dataclass
+class StepRun:
+    """One way of running a harness step: its micro-batches and what they cost."""
+
+    label: str
+    batches: list  # (micro-batch, loss weights [T]) pairs
+    cpu_s: list[float]
+
+    @property
+    def tokens(self) -> int:
+        return sum(mb.n_tokens for mb, _ in self.batches)
+
+    @property
+    def max_trainable(self) -> int:
+        return max(int(w.numel()) for _, w in self.batches)
+
+
+def _step_runs(trees: list[PackedTree], budgets: list[int]) -> dict[tuple[str, int], list]:
+    """The step's micro-batches as the trainer plans them (group tries, trie.py) at each budget, and
+    the baseline: the step's unique tokens (its trie, depth-first) cut into plain causal rows."""
+    from clawgym.train.trie import merge_trees, plan
+
+    runs = {}
+    unique = merge_trees(trees)
+    n_scored = sum(t.n_trainable for t in trees)
+    for budget in budgets:
+        runs[("step", budget)] = [(collate(parts, range(len(parts))), torch.ones(sum(trees[i].n_trainable for i in rows)))
+                                  for rows, parts in plan(trees, range(len(trees)), budget)]
+        rows = []
+        for a in range(0, unique.n_tokens, budget):
+            path = torch.arange(a, min(a + budget, unique.n_tokens))
+            k = max(1, round(n_scored * path.numel() / unique.n_tokens))  # the same scored tokens, spread evenly
+            chain = as_chain(unique, path, path[1:][:k])
+            rows.append((collate([chain], [0]), torch.ones(chain.target_ids.numel())))
+        runs[("plain", budget)] = rows
+    return runs
+
+
+def _fwd_bwd_cpu(policy: PackedPolicy, batches) -> float:
+    """Process CPU seconds of forward + backward over the micro-batches, as training computes them."""
+    c0 = time.process_time()
+    for mb, w in batches:
+        logp, _ = policy(mb, with_entropy=True)
+        (-(w * logp).sum()).backward()
+    policy.zero_grad(set_to_none=True)
+    return time.process_time() - c0
+
+
+def _smollm2_policy() -> PackedPolicy:
+    """SmolLM2-135M-Instruct (`clawgym init-model --from smollm2-135m-instruct`, converted once and cached)."""
+    from transformers import AutoModelForCausalLM
+
+    from clawgym.pretrained import init_pretrained
+
+    model_dir = Path(tempfile.mkdtemp()) / "smollm2"
+    init_pretrained(model_dir, "smollm2-135m-instruct")
+    return PackedPolicy(AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=implementation("segments"),
+                                                             dtype=torch.float32))
+
+
+def _same_scores(policy: PackedPolicy, batches, chunk: int) -> tuple[float, float, float]:
+    """On the step's first micro-batch: the largest error of the logprobs and entropies of the whole
+    head and of `chunk`-token chunks against the same logits in float64, and the largest difference
+    of their parameter gradients relative to each gradient's scale (the bench's correctness check)."""
+    from clawgym.train.packing import backbone_forward, head_logits
+
+    mb, w = batches[0]
+    with torch.no_grad():
+        hidden = backbone_forward(policy.lm.base_model, mb)
+        ref = torch.log_softmax(head_logits(policy.lm, hidden.reshape(-1, hidden.shape[-1])[mb.pred_index]).double(), -1)
+        ref_lp, ref_ent = ref.gather(-1, mb.target_ids[:, None]).squeeze(-1), -(ref.exp() * ref).sum(-1)
+    errs, grads = [], []
+    for c in (0, chunk):
+        policy.head_chunk = c
+        logp, ent = policy(mb, with_entropy=True)
+        (-(w * logp).sum()).backward()
+        errs.append(max(float((logp.detach() - ref_lp).abs().max()), float((ent.detach() - ref_ent).abs().max())))
+        grads.append([p.grad.clone() for p in policy.parameters() if p.grad is not None])
+        policy.zero_grad(set_to_none=True)
+    grad_diff = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12)) for a, b in zip(*grads))
+    return errs[0], errs[1], grad_diff
+
+
+def harness(args) -> int:
+    """Harness-shaped steps, before (trainer's plan, whole LM head) and after (chunked head, and the
+    larger micro-batches the freed memory buys): tokens forwarded / unique, step time / a plain causal
+    pass over the unique tokens, LM-head peak memory per trainable token. Returns the exit code."""
+    from clawgym.train.trie import merge_trees
+
+    chunk = args.head_chunk
+    models = []
+    if "tiny" in args.models.split(","):
+        models.append(("tiny", _tiny_policy(args), args.scale, args.budget))
+    if "smollm2" in args.models.split(","):
+        # A reduced shape on a shared CPU: SmolLM2's forward and backward cost ~0.8 GFLOP per token.
+        models.append(("smollm2-135m", _smollm2_policy(), args.smollm2_scale, max(256, int(args.budget * args.smollm2_scale))))
+    table = Table(title=f"harness-shaped steps: forward + backward of the whole step, {args.threads} thread(s), "
+                        f"median of {args.repeats} (process CPU s), head chunk {chunk}")
+    for col in ("model", "shape (scale)", "run", "micro-batches", "forwarded / unique", "step s", "step / plain causal",
+                "head B / trainable tok", "head vs before"):
+        table.add_column(col, justify="left" if col in ("model", "shape (scale)", "run") else "right")
+    checks = []
+    for mname, policy, scale, b0 in models:
+        V, H = policy.lm.config.vocab_size, policy.lm.config.hidden_size
+        for shape, make in HARNESS_STEPS.items():
+            trees = [pack_tree(n) for n in make(random.Random(0), V, scale)]
+            unique = merge_trees(trees).n_tokens
+            # The budget the whole head's memory holds with the chunked head, for the full-size step (a
+            # reduced step scales it like its tokens: the chunk's fixed memory does not shrink with it).
+            frac = sum(t.n_trainable for t in trees) / unique
+            b1 = max(b0, int(same_memory_budget(policy.lm.config, round(b0 / scale), frac, chunk) * scale))
+            runs = _step_runs(trees, [b0, b1])
+            checks.append((f"{mname} {shape}", *_same_scores(policy, runs[("step", b0)], chunk)))
+            configs = [(f"before: budget {b0:,}, whole head", ("step", b0), 0), (f"after: budget {b0:,}, chunked", ("step", b0), chunk),
+                       (f"after: budget {b1:,} (same memory), chunked", ("step", b1), chunk)]
+            cpu: dict = {}
+            for _ in range(args.repeats):  # interleaved, so load from other processes hits every run alike
+                for label, key, c in configs + [("plain", ("plain", b0), chunk), ("plain", ("plain", b1), chunk)]:
+                    policy.head_chunk = c
+                    cpu.setdefault((label, key), []).append(_fwd_bwd_cpu(policy, runs[key]))
+            head_before = None
+            for label, key, c in configs:
+                batches = runs[key]
+                T = max(int(w.numel()) for _, w in batches)
+                head = head_peak_bytes(T, V, H, c) / T if not args.small else math.nan
+                head_before = head if head_before is None else head_before
+                step_s = statistics.median(cpu[(label, key)])
+                plain_s = statistics.median(cpu[("plain", ("plain", key[1]))])
+                table.add_row(mname, f"{shape} ({scale:g})", label, str(len(batches)),
+                              f"{sum(mb.n_tokens for mb, _ in batches) / unique:.2f}", f"{step_s:.2f}", f"{step_s / plain_s:.2f}x",
+                              "not measured" if args.small else f"{head:,.0f}",
+                              f"{head_before / head:.1f}x lower" if not args.small and head != head_before else "")
+                console_log(f"{mname} {shape} {label}: unique {unique:,}, forwarded {sum(mb.n_tokens for mb, _ in batches):,}, "
+                            f"step {step_s:.2f} s, plain {plain_s:.2f} s, head {head:,.0f} B/token at {T:,} trainable tokens")
+            table.add_section()
+    Console(width=220).print(table)
+    if not args.small:
+        head_only(args, chunk, [(m, p.lm.config.vocab_size, p.lm.config.hidden_size) for m, p, _, _ in models])
+    ok = True
+    for name, whole_err, part_err, grad_diff in checks:
+        # The chunked head must be as exact as the whole one (fp32 against float64), with the same gradients.
+        good = part_err <= whole_err + 1e-6 and grad_diff <= 1e-4
+        ok &= good
+        print(f"{name}: logprob/entropy error vs float64: whole head {whole_err:.1e}, chunked {part_err:.1e}; "
+              f"gradients differ by {grad_diff:.1e} of their scale " + ("(ok)" if good else "(WRONG)"))
+    return 0 if ok else 1
+
+
+def same_memory_budget(config, budget: int, trainable_fraction: float, chunk: int) -> int:
+    """The token budget whose micro-batch fits, with the chunked head, in the memory that `budget` needs
+    with the whole head (clawgym.train.memory: bf16, activation checkpointing, as on a GPU), in 256s."""
+    from clawgym.train import memory
+
+    shape = memory.shape_of(config)
+    whole, part = memory.estimate(shape, head_chunk=0), memory.estimate(shape, head_chunk=chunk)
+    need = budget * (whole.act_per_token + trainable_fraction * whole.head_per_trainable_token)
+    fits = (need - part.head_fixed) / (part.act_per_token + trainable_fraction * part.head_per_trainable_token)
+    return max(budget, int(fits) // 256 * 256)
+
+
+def head_only(args, chunk: int, shapes: list[tuple[str, int, int]]) -> None:
+    """LM-head peak memory alone at 1k and 4k trainable tokens, SmolLM2's vocabulary (49,152) included."""
+    if not any(V == 49152 for _, V, _ in shapes):
+        shapes = shapes + [("smollm2-135m shape", 49152, 576)]
+    table = Table(title="LM head alone: peak resident memory of logprob + entropy forward and backward, per trainable token")
+    for col in ("head", "vocab", "trainable tokens", "whole head B/token", f"chunked ({chunk}) B/token", "lower by"):
+        table.add_column(col, justify="left" if col == "head" else "right")
+    for name, V, H in shapes:
+        for T in (1024, 4096):
+            whole, part = head_peak_bytes(T, V, H, 0) / T, head_peak_bytes(T, V, H, chunk) / T
+            table.add_row(name, f"{V:,}", f"{T:,}", f"{whole:,.0f} ({whole / V:.1f} B × V)", f"{part:,.0f}", f"{whole / part:.1f}x")
+    Console(width=220).print(table)
+
+
+def console_log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--head-mem"]:  # a head_peak_bytes child
+        _head_mem_child(sys.argv[2])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--small", action="store_true", help="smaller trees (about a third of the tokens)")
+    ap.add_argument("--small", action="store_true", help="correctness only, in seconds: tiny harness-shaped steps")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadiest on a shared machine)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--budget", type=int, default=8192, help="padded tokens per micro-batch")
@@ -455,16 +752,30 @@ def main() -> None:
     ap.add_argument("--lora-targets", default="all-linear", help="LoRA: modules to adapt")
     ap.add_argument("--masks", action="store_true", help="compare dense / block-mask / mask_mod tree masks at 8k and 32k tokens")
     ap.add_argument("--group", action="store_true", help="compare per-rollout trees with one group trie (8 rollouts, 19k shared)")
+    ap.add_argument("--harness", action="store_true", help="Claude-Code- and OpenClaw-shaped steps, before/after the chunked head")
+    ap.add_argument("--head-chunk", type=int, default=HEAD_CHUNK, help="--harness: LM-head chunk of the 'after' runs")
+    ap.add_argument("--models", default="tiny", help="--harness: tiny and/or smollm2 (SmolLM2-135M-Instruct, "
+                                                     "converted once and cached), comma-separated")
+    ap.add_argument("--smollm2-scale", type=float, default=0.02, help="--harness: SmolLM2's (reduced) step size factor")
     args = ap.parse_args()
-    args.scale = args.scale if args.scale is not None else (0.5 if args.small else 1.0)
     torch.set_num_threads(args.threads)
+    if args.small:  # tiny steps (a 180-token system prompt), one round, no subprocess measurements
+        args.scale, args.repeats, args.budget, args.models = args.scale or 0.03, 1, 256, "tiny"
+        return harness(args)
+    args.scale = args.scale if args.scale is not None else 1.0
+    if args.harness:
+        args.repeats = min(args.repeats, 2)
+        return harness(args)
     if args.lora_rank:
-        return lora_vs_full(args)
+        lora_vs_full(args)
+        return 0
     if args.masks:
-        return masks(args)
+        masks(args)
+        return 0
     if args.group:
         args.repeats = min(args.repeats, 3)
-        return group(args)
+        group(args)
+        return 0
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 
@@ -510,7 +821,8 @@ def main() -> None:
                           f"{r.cpu_ms / base.cpu_ms:.2f}x", f"{r.saved_mib:.0f}")
         table.add_section()
     console.print(table)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

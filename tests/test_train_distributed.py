@@ -48,7 +48,8 @@ def uneven(tmp_path: Path) -> Path:
 
 def _cfg(step: Path, model: Path, out: Path, **kw) -> TrainConfig:
     # A budget below the longest tree: ranks get different numbers of micro-batches per minibatch.
-    base = dict(lr=1e-4, epochs=2, minibatches=2, token_budget=160, metrics=out.parent / f"{out.name}.jsonl")
+    # Head chunks of 4 tokens: the chunked LM head recomputes several chunks under DDP and FSDP.
+    base = dict(lr=1e-4, epochs=2, minibatches=2, token_budget=160, head_chunk=4, metrics=out.parent / f"{out.name}.jsonl")
     return TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=model, out=out, **{**base, **kw})
 
 

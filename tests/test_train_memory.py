@@ -33,7 +33,12 @@ def test_the_formula_by_hand_on_a_small_shape():
     full_layer = 2 * (4 * 8 + 2 * 8 + 2 * 4 + 4 * 16)
     assert e.act_per_token == 2 * full_layer
     assert M.estimate(s).act_per_token == 2 * 8 * 2 + full_layer  # checkpointing: layer inputs + one layer
-    assert e.head_per_trainable_token == 14 * 100
+    # The chunked head: one 256-row chunk (16 B × vocab per row) and a weight-sized gradient per
+    # micro-batch; per trainable token only the 4 B × hidden row it is recomputed from (+ 2 results).
+    assert (e.head_per_trainable_token, e.head_fixed) == (4 * 8 + 8, 16 * 100 * 256 + 100 * 8 * 2)
+    whole = M.estimate(s, head_chunk=0)  # unchunked: logits bf16 + fp32, log-softmax, exp per token
+    assert (whole.head_per_trainable_token, whole.head_fixed) == (14 * 100, 0)
+    assert M.estimate(s, lora_rank=2).head_fixed == 16 * 100 * 256  # LoRA: the head takes no gradient
     sharded = M.estimate(s, fsdp=4)
     assert sharded.optimizer == 12 * P / 4 and sharded.weights == 2 * P / 4 + 2 * 600 * 2
     lora = M.estimate(s, lora_rank=2)
@@ -64,6 +69,8 @@ def test_the_start_line_divides_weights_grads_and_optimizer_by_the_fsdp_ranks():
     e8 = M.estimate(s, precision="bf16", fsdp=8, activation_checkpointing=False)
     assert f"optimizer {e1.optimizer / M.GIB:.2f} GiB" in whole and f"optimizer {e8.optimizer / M.GIB:.2f} GiB" in sharded
     assert e8.optimizer * 8 == pytest.approx(e1.optimizer)
+    assert "LM head 1.74 GiB per micro-batch (256-token chunks)" in whole  # 16·151,936·256 + 151,936·4096·2 B
+    assert "LM head" not in M.estimate_line(s, TrainConfig(**{**cfg.__dict__, "head_chunk": 0}), 8)
 
 
 @pytest.mark.slow

@@ -98,3 +98,62 @@ def test_training_with_group_tries_equals_training_without(step, tiny_model, tmp
 
     fwd = {s: read_jsonl(tmp_path / f"{s}.jsonl").records[-1]["train/tokens_forwarded"] for s in (True, False)}
     assert fwd[True] < fwd[False]  # the shared prompt was forwarded once
+
+
+def _harness_step(seed: int, tasks: int = 2, k: int = 3, system: int = 40, task: int = 12):
+    """N tasks × K rollouts: one system prompt for all, one task prompt per task, then each rollout's own tree."""
+    rng = random.Random(seed)
+    sys_toks = [rng.randrange(VOCAB) for _ in range(system)]
+    out = []
+    for t in range(tasks):
+        prompt = sys_toks + [rng.randrange(VOCAB) for _ in range(task)]
+        for r in range(k):
+            nodes = random_tree(rng, rng.randint(2, 6), f"t{t}r{r}", p_model=0.6)
+            root = nodes[0]
+            nodes = [replace(root, token_ids=prompt + root.token_ids)] + [replace(n, depth=n.depth + len(prompt)) for n in nodes[1:]]
+            out.append(pack_tree(nodes, only_trainable=False))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_step_over_several_micro_batches_scores_and_accumulates_as_per_rollout(lm, seed):  # noqa: F811
+    """The trainer's micro-batches of a whole step (a shared system prompt, tries split by the budget):
+    every rollout's logprobs and the gradient summed over the micro-batches equal per-rollout trees."""
+    trees = _harness_step(seed)
+    unique = merge_trees(trees).n_tokens
+    budget = max(t.n_tokens for t in trees) + 10  # tries of one or two rollouts: the step needs several
+    policy = PackedPolicy(lm, head_chunk=5)  # chunked head, as trained
+    w = [torch.randn(t.target_ids.numel(), generator=torch.Generator().manual_seed(i)) for i, t in enumerate(trees)]
+    lm.zero_grad()
+    alone = [policy(collate([t], [0]))[0] for t in trees]
+    sum((wi * a).sum() for wi, a in zip(w, alone)).backward()
+    want = {k: p.grad.clone() for k, p in lm.named_parameters()}
+    lm.zero_grad()
+    got, forwarded, n_mb = {}, 0, 0
+    for rows, mb in microbatches(trees, range(len(trees)), budget, "segments"):
+        logp, _ = policy(mb)
+        (torch.cat([w[i] for i in rows]) * logp).sum().backward()  # accumulated over micro-batches
+        for i, part in zip(rows, logp.detach().split([trees[i].target_ids.numel() for i in rows])):
+            got[i] = part
+        forwarded, n_mb = forwarded + mb.n_tokens, n_mb + 1
+    assert n_mb >= 3 and sorted(got) == list(range(len(trees)))
+    assert unique < forwarded < sum(t.n_tokens for t in trees)
+    for i, a in enumerate(alone):
+        torch.testing.assert_close(got[i], a.detach(), atol=1e-5, rtol=0)
+    for k, p in lm.named_parameters():
+        assert (p.grad - want[k]).abs().max() <= 1e-5 * want[k].abs().max().clamp_min(1e-12), k
+
+
+def test_a_shared_prompt_is_forwarded_once_per_micro_batch_and_no_more():
+    """Rollouts of 40 shared + 20 own tokens, a budget of two per trie: 3 micro-batches for 6 rollouts,
+    each forwarding the prompt once: unique + 2 × 40 tokens, the fewest any plan within the budget forwards."""
+    rng = random.Random(0)
+    prompt = [rng.randrange(VOCAB) for _ in range(40)]
+    trees = []
+    for r in range(6):
+        own = [rng.randrange(VOCAB) for _ in range(20)]
+        trees.append(pack_tree([replace(random_tree(rng, 1, f"r{r}")[0], token_ids=prompt + own)], only_trainable=False))
+    unique = merge_trees(trees).n_tokens
+    assert unique == 40 + 6 * 20
+    mbs = list(microbatches(trees, range(6), 80, "segments"))
+    assert len(mbs) == 3 and sum(mb.n_tokens for _, mb in mbs) == unique + 2 * 40

@@ -13,6 +13,7 @@ from clawgym.fields import option
 
 ALGOS = ("grpo", "ppo", "sft")
 PRECISIONS = ("fp32", "bf16")
+HEAD_CHUNK = 256  # scored tokens per LM-head chunk: [256, V] fp32 is 50 MB at V = 49k, 156 MB at 152k
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TrainConfig:
     adv_eps: float = option(1e-6, "ε added to the group's reward std when normalizing GRPO advantages.")
     max_grad_norm: float = option(1.0, "Gradient clipping norm.")
     token_budget: int = option(8192, "Padded tokens per micro-batch (rows × longest row); a longer tree goes alone.")
+    head_chunk: int = option(HEAD_CHUNK, "Scored tokens per LM-head chunk: at most this many rows of [tokens, vocab] logits exist at once (lm_head.py); 0: all at once.")
     attention: str = option("auto", "Packed-tree attention: auto (flex on CUDA, segments on CPU) | segments | dense | flex (attention.py).")
     share_prefixes: bool = option(True, "Forward a prefix that rollouts share (a GRPO group's prompt) once per micro-batch: their trees merge into one trie (trie.py); losses stay per rollout.")
     value_lr: float = option(1e-5, "PPO: value model learning rate.")

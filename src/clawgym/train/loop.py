@@ -83,6 +83,8 @@ def _check(cfg: TrainConfig) -> None:
     for name in ("epochs", "minibatches", "token_budget"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.head_chunk < 0:
+        raise UserError(f"--head-chunk must be 0 (no chunks) or more, got {cfg.head_chunk}")
     if cfg.kl_coef > 0 and cfg.ref_model is None:
         raise UserError("--kl-coef > 0 needs --ref-model (the policy to stay close to)")
     lora.check(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
@@ -240,7 +242,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     if cfg.lora_rank:
         adapter = lora.add_adapter(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
                                    resume_from=out / lora.ADAPTER_DIR if resuming else None)
-    policy = PackedPolicy(lm)
+    policy = PackedPolicy(lm, cfg.head_chunk)
     master = MasterWeights(lora.trainable(policy)) if bf16_weights else None
     optimizer = torch.optim.AdamW(master.masters if master else lora.trainable(policy), lr=cfg.lr, weight_decay=0.0)
     if sharding is not None:
@@ -309,7 +311,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
         batch = {"logp_old": _score_all(policy, trees, whole, filler, attention, accelerator, dist)}
         if cfg.kl_coef > 0:
             # The reference model is not wrapped (it takes no gradient), so its calls need not match across ranks.
-            ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32)).to(dev)
+            ref = PackedPolicy(AutoModelForCausalLM.from_pretrained(cfg.ref_model, attn_implementation=attn, dtype=torch.float32),
+                               cfg.head_chunk).to(dev)
             batch["logp_ref"] = _score_all(ref, trees, whole, filler, attention, accelerator, dist)
             del ref
     logp_old, logp_ref = batch["logp_old"], batch.get("logp_ref")

@@ -12,13 +12,20 @@
 - activations per token (bf16, flash/SDPA attention): each decoder layer keeps its input, norm
   outputs, q/k/v, the attention output and the MLP's gate/up/act/product, 4h + 2·q + 2·kv + 4·ffn
   elements; activation checkpointing keeps only the layer input (h) and recomputes one layer at a time.
-- the LM head runs on trainable tokens only (packing.py): bf16 logits, fp32 logits, log-softmax
-  and its exp, 14 B × vocab per trainable token.
+- the LM head runs on trainable tokens only (packing.py), `head_chunk` of them at a time
+  (lm_head.py): one chunk's vocabulary tensors (bf16 and fp32 logits and the backward's two fp32
+  buffers, 16 B × vocab per row; 16.4 measured on CPU by bench/train.py --head) and one weight-sized
+  gradient of the chunk beside the summed one, per micro-batch whatever its length; per trainable
+  token only the hidden row the chunk is recomputed from (4 B × hidden) and its results.
+  Unchunked (`head_chunk` 0): bf16 logits, fp32 logits, log-softmax and its exp, 14 B × vocab per
+  trainable token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from clawgym.train.config import HEAD_CHUNK
 
 GIB = 1024**3
 
@@ -39,7 +46,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes per GPU; activations and head bytes are per token."""
+    """Bytes per GPU; activations and head bytes are per token, `head_fixed` per micro-batch."""
 
     params: int
     trainable: int
@@ -48,6 +55,7 @@ class Estimate:
     optimizer: float
     act_per_token: float
     head_per_trainable_token: float
+    head_fixed: float = 0.0  # the chunked head's one chunk (+ weight-sized gradient), whatever the tokens
 
     @property
     def static(self) -> float:
@@ -56,7 +64,7 @@ class Estimate:
     def max_tokens(self, gpu_bytes: float, trainable_fraction: float = 0.25, headroom: float = 0.9) -> int:
         """Tokens per micro-batch that fit beside the static memory (0: the static part alone does not fit)."""
         per_token = self.act_per_token + trainable_fraction * self.head_per_trainable_token
-        return max(0, int((gpu_bytes * headroom - self.static) / per_token))
+        return max(0, int((gpu_bytes * headroom - self.static - self.head_fixed) / per_token))
 
 
 # Qwen3 dense models (their published config.json shapes), for the docs table.
@@ -100,7 +108,7 @@ def lora_params(s: Shape, rank: int) -> int:
 
 
 def estimate(s: Shape, *, precision: str = "bf16", lora_rank: int = 0, fsdp: int = 1,
-             activation_checkpointing: bool = True) -> Estimate:
+             activation_checkpointing: bool = True, head_chunk: int = HEAD_CHUNK) -> Estimate:
     """Per-GPU training memory of one policy (see the module docstring for each term)."""
     P = param_count(s)
     trainable = lora_params(s, lora_rank) if lora_rank else P
@@ -114,18 +122,22 @@ def estimate(s: Shape, *, precision: str = "bf16", lora_rank: int = 0, fsdp: int
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     full_layer = 2 * (4 * s.hidden + 2 * q + 2 * kv + 4 * s.ffn)  # bf16 bytes per token per layer
     act = 2 * s.hidden * s.layers + full_layer if activation_checkpointing else full_layer * s.layers
-    return Estimate(P, trainable, weights, grads, optimizer, act, 14 * s.vocab)
+    if head_chunk <= 0:
+        return Estimate(P, trainable, weights, grads, optimizer, act, 14 * s.vocab)
+    head_grad = s.vocab * s.hidden * wb if trainable == P else 0  # LoRA leaves the LM head frozen
+    return Estimate(P, trainable, weights, grads, optimizer, act, 4 * s.hidden + 8, 16 * s.vocab * head_chunk + head_grad)
 
 
 def estimate_line(s: Shape, cfg, world: int) -> str:
     """One line for the start of training: what this run's policy needs per GPU."""
     shards = world if getattr(cfg, "fsdp", False) else 1
     e = estimate(s, precision=cfg.precision, lora_rank=cfg.lora_rank, fsdp=shards,
-                 activation_checkpointing=cfg.activation_checkpointing)
+                 activation_checkpointing=cfg.activation_checkpointing, head_chunk=cfg.head_chunk)
     sharding = f"FSDP over {shards}" if shards > 1 else "unsharded"
     return (f"memory per process ({cfg.precision}, {world} process(es), {sharding}): {e.params / 1e9:.2f}B params, "
             f"weights {e.weights / GIB:.2f} GiB, grads {e.grads / GIB:.2f} GiB, optimizer {e.optimizer / GIB:.2f} GiB, "
-            f"activations {e.act_per_token / 1024:.1f} KiB/token + {e.head_per_trainable_token / 1024:.0f} KiB/trainable token")
+            f"activations {e.act_per_token / 1024:.1f} KiB/token + {e.head_per_trainable_token / 1024:.0f} KiB/trainable token"
+            + (f" + LM head {e.head_fixed / GIB:.2f} GiB per micro-batch ({cfg.head_chunk}-token chunks)" if e.head_fixed else ""))
 
 
 def fit_table(gpus: dict[str, float], fsdp_ranks: int = 8, lora_rank: int = 64) -> str:

@@ -33,6 +33,7 @@ import torch
 from clawgym.artifacts import TreeNode
 from clawgym.errors import UserError
 from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, flex_tree, plan_blocks
+from clawgym.train.lm_head import DEFAULT_CHUNK, chunked_logprobs
 from clawgym.trees import training_nodes
 
 ATTENTIONS = ("segments", "dense", "flex")
@@ -307,20 +308,19 @@ class PackedPolicy(torch.nn.Module):
     """A causal LM scored on packed micro-batches: the logprob (and entropy) of each scored token.
 
     Only the predicting positions go through the LM head, so env tokens (most of an agent's
-    context) cost no vocabulary projection. Wrapping the LM in a module keeps accelerate/DDP hooks
+    context) cost no vocabulary projection, and those go through it `head_chunk` at a time
+    (lm_head.py), so no [T, V] tensor is ever whole. Wrapping the LM in a module keeps accelerate/DDP hooks
     on the call that computes gradients.
     """
 
-    def __init__(self, lm: torch.nn.Module):
+    def __init__(self, lm: torch.nn.Module, head_chunk: int = DEFAULT_CHUNK):
         super().__init__()
         enable_tree_attention(lm)
         self.lm = lm
+        self.head_chunk = head_chunk  # scored tokens per LM-head chunk (lm_head.py); <= 0: all at once
 
     def forward(self, mb: MicroBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = backbone_forward(self.lm.base_model, mb)  # [B, L, H]
         h = hidden.reshape(-1, hidden.shape[-1])[mb.pred_index]  # [T, H]
-        logits = head_logits(self.lm, h)  # [T, V]
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, mb.target_ids[:, None]).squeeze(-1)  # [T]
-        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # [T]
-        return logp, entropy
+        # [T] logprobs and entropies, the [chunk, V] logits of one chunk alive at a time
+        return chunked_logprobs(lambda x: head_logits(self.lm, x), h, mb.target_ids, self.head_chunk, with_entropy)
