@@ -17,8 +17,7 @@ BENCHES = sorted((ROOT / "bench").glob("*.py"))
 @pytest.mark.slow
 @pytest.mark.parametrize("bench", BENCHES, ids=[b.stem for b in BENCHES])
 def test_bench_small_mode_runs(bench: Path, tmp_path: Path) -> None:
-    if "--small" not in bench.read_text(encoding="utf-8"):
-        pytest.skip(f"{bench.relative_to(ROOT)} has no --small flag yet")
+    assert "--small" in bench.read_text(encoding="utf-8"), f"{bench.relative_to(ROOT)} has no --small mode"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(bench), "--small"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
