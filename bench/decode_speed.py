@@ -25,19 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def model_dir(name: str | None, tmp: Path) -> Path:
-    if name is None:
-        from clawgym.model import init_model
-
-        init_model(tmp / "tiny", seed=0, size="tiny")
-        return tmp / "tiny"
-    if Path(name).exists():
-        return Path(name)
-    from clawgym.pretrained import init_pretrained
-
-    init_pretrained(tmp / name, name)
-    return tmp / name
+from clawgym.pretrained import model_by_name
 
 
 def machine(mb: int, n: int, small: bool = False) -> tuple[float, float]:
@@ -96,7 +84,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     bw, flops = machine(32, 512, small=True) if a.small else machine(512, 2048)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = HFEngine(model_dir(a.model, Path(tmp)), max_batch=64, threads=a.threads, prefix_cache=False,
+        engine = HFEngine(model_by_name(a.model, Path(tmp)), max_batch=64, threads=a.threads, prefix_cache=False,
                           adaptive_threads=not a.fixed_threads)
         engine.eos_ids = ()  # decode the full budget: the model's end-of-turn would cut rows short
         params = {id(p): p for p in engine.model.parameters()}.values()  # tied weights once

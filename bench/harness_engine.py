@@ -40,26 +40,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from clawgym.pretrained import model_by_name
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "harness_transcripts.json"
 SLIM_TOOLS = {"Bash", "Read", "Write", "Edit", "Glob", "Grep"}
 INSTRUCTION = "Create a file out.txt containing hi"
 TASKS = ["Write the numbers 1 to {n} into nums{n}.txt, one per line", "Count the lines of README.md into count{n}.txt",
          "Create a directory d{n} holding an empty file keep", "Replace every 'a' by 'b' in notes{n}.txt"]
-
-
-def model_dir(name: str | None, tmp: Path) -> Path:
-    if name is None:
-        from clawgym.model import init_model
-
-        init_model(tmp / "tiny", seed=0, size="tiny")
-        return tmp / "tiny"
-    if Path(name).exists():
-        return Path(name)
-    from clawgym.pretrained import init_pretrained
-
-    init_pretrained(tmp / name, name)
-    return tmp / name
 
 
 def first_requests(requests: Path | None, harnesses: list[str], full_claude_code: bool) -> dict[str, tuple[str, dict]]:
@@ -245,7 +233,7 @@ def main() -> int:
         a.model, a.requests, a.tasks, a.rollouts, a.calls, a.max_tokens = None, None, 2, 2, 3, 8
     harnesses = [h.strip() for h in a.harness.split(",") if h.strip()]
     with tempfile.TemporaryDirectory() as tmp:
-        path = model_dir(a.model, Path(tmp))
+        path = model_by_name(a.model, Path(tmp))
         firsts = render_first_prompts(path, first_requests(a.requests, harnesses, a.full_claude_code), a.tasks)
         prompts = Path(tmp) / "prompts.json"
         prompts.write_text(json.dumps(firsts))

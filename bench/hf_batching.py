@@ -30,22 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from clawgym.pretrained import model_by_name
+
 from clawgym.engines import Sampling
 from clawgym.engines.hf import HFEngine
-
-
-def model_dir(name: str | None, tmp: Path) -> Path:
-    if name is None:
-        from clawgym.model import init_model
-
-        init_model(tmp / "tiny", seed=0, size="tiny")
-        return tmp / "tiny"
-    if Path(name).exists():
-        return Path(name)
-    from clawgym.pretrained import init_pretrained
-
-    init_pretrained(tmp / name, name)
-    return tmp / name
 
 
 async def schedule(engine: HFEngine, prompts: list[list[int]], max_tokens: int, gap: float):
@@ -79,7 +67,7 @@ def main() -> None:
     if a.small:
         a.requests, a.max_tokens, a.prompt_tokens, a.repeats = 3, 4, 16, 1
     with tempfile.TemporaryDirectory() as tmp:
-        path = model_dir(a.model, Path(tmp))
+        path = model_by_name(a.model, Path(tmp))
         rng = random.Random(0)
         engines = {mode: HFEngine(path, max_batch=a.requests, threads=a.threads, late_admission=mode == "join")
                    for mode in ("wait", "join")}

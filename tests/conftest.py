@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,24 @@ def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("models") / "smollm2"
     init_pretrained(path, "smollm2-135m-instruct")
     return path
+
+
+@pytest.fixture
+def fake_proxy():
+    """A 127.0.0.1 HTTP server standing for the serving proxy."""
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"proxy says hi"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()

@@ -105,24 +105,31 @@ def test_the_teacher_fits_its_calls_to_the_tools_the_harness_offers() -> None:
     assert offered_tools("no tools here") is None and fit_call(write, None, "") == ("write", dict(write.arguments))
 
 
+def teacher_calls_through(harness: str, model: Path, tmp_path: Path, step: Path) -> list[dict]:
+    """The teacher solves 3 lookup tasks through the real `harness` binary into `step` (each must score
+    1.0); the tool calls of its transcripts. Skips where the binary is missing (scripts/install.sh dev
+    installs it, so CI runs these)."""
+    from clawgym.rollout.harnesses import HARNESSES
+
+    if (why := HARNESSES[harness]().missing()) is not None:
+        pytest.skip(why)
+    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
+    summary = run_rollouts(RolloutConfig(
+        tasks=tmp_path / "tasks", harnesses=[harness], out=step, n=1, concurrency=3, model=model,
+        engine="teacher", engine_options={"family": "lookup", "max_context": 65536}, timeout_s=300), Console(stderr=True))
+    assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
+    return [c for line in (step / "transcripts.jsonl").read_text().splitlines()
+            for m in json.loads(line)["messages"] for c in m.get("tool_calls") or []]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_teacher_trajectories_through_claude_code_use_its_own_tools_and_sft_trains_on_its_prompts(tiny_model: Path, tmp_path: Path) -> None:
     """Teacher data collected through the real Claude Code binary: the family's calls are fitted to the
     tools Claude Code offers (Bash; Write with an absolute file_path), every task is solved, and SFT
     trains on trees whose prompts are Claude Code's own."""
-    from clawgym.rollout.harnesses import HARNESSES
-
-    if (why := HARNESSES["claude-code"]().missing()) is not None:  # scripts/install.sh dev installs it: CI runs this test
-        pytest.skip(why)
-    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
     step = tmp_path / "sft"
-    summary = run_rollouts(RolloutConfig(
-        tasks=tmp_path / "tasks", harnesses=["claude-code"], out=step, n=1, concurrency=3, model=tiny_model,
-        engine="teacher", engine_options={"family": "lookup", "max_context": 65536}, timeout_s=300), Console(stderr=True))
-    assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
-    called = [c for line in (step / "transcripts.jsonl").read_text().splitlines()
-              for m in json.loads(line)["messages"] for c in m.get("tool_calls") or []]
+    called = teacher_calls_through("claude-code", tiny_model, tmp_path, step)
     assert sorted({(c["name"], tuple(sorted(c["arguments"]))) for c in called}) == [("Bash", ("command",)), ("Write", ("content", "file_path"))]
     writes = [c["arguments"]["file_path"] for c in called if c["name"] == "Write"]
     assert len(writes) == 3 and all(p.startswith("/") and p.endswith("/answer.txt") for p in writes)
@@ -139,18 +146,7 @@ def test_teacher_trajectories_through_claude_code_use_its_own_tools_and_sft_trai
 def test_teacher_trajectories_through_codex_use_its_shell_tool(tiny_model: Path, tmp_path: Path) -> None:
     """Teacher data collected through the real Codex binary: Codex's `exec_command` (parameter `cmd`)
     carries both the search and the write, and every task is solved."""
-    from clawgym.rollout.harnesses import HARNESSES
-
-    if (why := HARNESSES["codex"]().missing()) is not None:  # scripts/install.sh dev installs it: CI runs this test
-        pytest.skip(why)
-    make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
-    step = tmp_path / "sft"
-    summary = run_rollouts(RolloutConfig(
-        tasks=tmp_path / "tasks", harnesses=["codex"], out=step, n=1, concurrency=3, model=tiny_model,
-        engine="teacher", engine_options={"family": "lookup", "max_context": 65536}, timeout_s=300), Console(stderr=True))
-    assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
-    called = [c for line in (step / "transcripts.jsonl").read_text().splitlines()
-              for m in json.loads(line)["messages"] for c in m.get("tool_calls") or []]
+    called = teacher_calls_through("codex", tiny_model, tmp_path, tmp_path / "sft")
     assert {c["name"] for c in called} == {"exec_command"} and len(called) == 6
     assert sum(c["arguments"]["cmd"].startswith("printf ") for c in called) == 3
 

@@ -12,7 +12,6 @@ import shutil
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -45,27 +44,6 @@ def sandbox(kind: str, tmp_path: Path, **kw):
     if kind == "local":
         kw.setdefault("network", "bwrap")
     return open_sandbox(kind, None, SandboxConfig(base_dir=tmp_path / "sb", **kw))
-
-
-@pytest.fixture
-def fake_proxy():
-    """A 127.0.0.1 HTTP server standing for the serving proxy."""
-
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"proxy says hi"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
-    srv.shutdown()
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

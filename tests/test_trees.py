@@ -408,8 +408,13 @@ def test_cli_file_form_and_one_line_errors(tmp_path):
     assert {n.drop_reason for n in read_table(out, TreeNode) if n.rollout_id == "b"} == {""}
     assert not (tmp_path / "metrics.jsonl").exists()
 
+    # the same arguments again: the same trees, rebuilt (the step it read from the rollouts is no new setting)
+    again = CliRunner().invoke(app, ["build-trees", "--calls", str(tmp_path / "calls.parquet"), "--rollouts",
+                                     str(tmp_path / "rollouts.parquet"), "--out", str(out), "--max-leaves", "1"])
+    assert again.exit_code == 0 and "same settings as its trees; rebuilding" in again.output, again.output
+
     run = subprocess.run([sys.executable, "-m", "clawgym.cli", "build-trees", "--calls", str(tmp_path / "rollouts.parquet"),
-                          "--rollouts", str(tmp_path / "rollouts.parquet"), "--out", str(out)],
+                          "--rollouts", str(tmp_path / "rollouts.parquet"), "--out", str(tmp_path / "other.parquet")],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1
     assert run.stderr.strip().splitlines() == [

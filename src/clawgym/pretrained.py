@@ -191,3 +191,17 @@ def convert(source: PretrainedSource, out: Path, name: str) -> None:
             "architecture": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab_size": len(tokenizer)}
     (out / "clawgym.json").write_text(json.dumps(made, indent=2) + "\n")
+
+
+def model_by_name(name: str | None, scratch: Path) -> Path:
+    """A model folder for a bench or script: the tiny init-model for None, an existing folder as it is,
+    else the pretrained model of that name (`init_pretrained`) made under `scratch`."""
+    if name is None:
+        from clawgym.model import init_model
+
+        init_model(scratch / "tiny", seed=0, size="tiny")
+        return scratch / "tiny"
+    if Path(name).exists():
+        return Path(name)
+    init_pretrained(scratch / name, name)
+    return scratch / name

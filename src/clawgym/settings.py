@@ -26,6 +26,9 @@ IGNORED = {
 }
 """per stage, the config keys that do not shape its output (paths it writes to, parallelism, where the
 proxy runs); every other key of the recorded config is compared"""
+DERIVED = {"build-trees": {"step"}}
+"""per stage, the keys it derives from its inputs when not given (build-trees reads the step from the
+rollouts): compared only when a rerun gives them"""
 
 
 def _plain(config: Any) -> dict[str, Any]:
@@ -40,6 +43,8 @@ def differences(stage: str, recorded: dict[str, Any], config: Any) -> list[str]:
     new = _plain(config)
     out = []
     for key in sorted(set(new) & set(recorded) - IGNORED[stage]):
+        if new[key] is None and key in DERIVED.get(stage, ()):
+            continue
         old = recorded[key]
         if isinstance(new[key], str) and isinstance(old, str) and isinstance(getattr(config, key, None), PurePath):
             old = str(Path(old).resolve())  # a path recorded relative, compared resolved
