@@ -267,6 +267,18 @@ def test_a_rollout_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path
     assert (out / "rollouts.parquet").read_bytes() == before
 
 
+def test_an_eval_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    """eval writes a folder of rollouts as rollout does, under the same rerun rule."""
+    out = _copy_step(step_dir, tmp_path)
+    before = (out / "rollouts.parquet").read_bytes()
+    proc = clawgym("eval", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--n", "1", "--model",
+                   str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--out", str(out),
+                   cwd=tmp_path)
+    line = one_line_error(proc)
+    assert "was made with other settings (n: 2 → 1" in line and "or pass --force to start over" in line, line
+    assert (out / "rollouts.parquet").read_bytes() == before
+
+
 @pytest.mark.slow
 def test_a_rollout_rerun_with_the_same_settings_resumes_and_force_starts_over(tmp_path: Path, tiny_model: Path,
                                                                              step_dir: Path) -> None:

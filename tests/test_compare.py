@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -79,3 +80,5 @@ def test_compare_evaluates_every_policy_in_every_harness_and_resumes(tiny_model:
     assert rows == 2 * 2 * len(harnesses)
     compare({"a": tiny_model}, cfg, out, Console(stderr=True))
     assert len(A.read_table(out / "a" / "rollouts.parquet", A.RolloutRecord)) == rows
+    with pytest.raises(UserError, match=r"was made with other settings \(n: 2 → 1\)"):
+        compare({"a": tiny_model}, dataclasses.replace(cfg, n=1), out, Console(stderr=True))

@@ -223,29 +223,16 @@ def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8000 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
     from clawgym.rollout.runner import run_rollouts
-    from clawgym.settings import check_rerun
+    from clawgym.settings import rollout_rerun
 
     cfg = _rollout_config(options)
-    out = StepLayout(cfg.out)
-    if check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out)):
-        err.print(f"{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept)", highlight=False, soft_wrap=True)
-    elif force:
-        _start_over(out)
+    rollout_rerun(cfg, force=force, console=err)
     with _result(json_out) as report:
         summary = run_rollouts(cfg, err)
         mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
         status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
         report(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {cfg.out}",
                summary.to_json())
-
-
-def _start_over(out: StepLayout) -> None:
-    """Remove a step folder's rollout outputs and the trees made from them (`rollout --force`)."""
-    import shutil
-
-    for path in (out.results, out.transcripts, out.rollouts, out.calls, out.rollout_config, out.trees, out.trees_config):
-        path.unlink(missing_ok=True)
-    shutil.rmtree(out.records, ignore_errors=True)
 
 
 @dataclass
@@ -431,7 +418,8 @@ def run(
         typer.echo(f"{len(steps)} steps; last mean reward {last.get('rollout/reward_mean', 0):.3f}")
 
 
-def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
+def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+          force: bool = typer.Option(False, "--force", help=FORCE_HELP), **options: Any) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
 
     The rollouts run as `clawgym rollout` runs them, with the same options; only --n's default differs.
@@ -439,8 +427,10 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **opti
     Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/toy/checkpoints/step-0008 --n 4 --out runs/eval
     """
     from clawgym.eval import evaluate
+    from clawgym.settings import rollout_rerun
 
     cfg = _rollout_config(options)
+    rollout_rerun(cfg, force=force, console=err)
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
         scores.print(out_console())
@@ -458,7 +448,8 @@ app.command("eval")(eval_)
 
 def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MODEL_DIR",
                                              help="A policy to evaluate (a row of the table); repeat for several."),
-             json_out: bool = typer.Option(False, "--json", help=JSON_HELP), **options: Any) -> None:
+             json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+             force: bool = typer.Option(False, "--force", help=FORCE_HELP), **options: Any) -> None:
     """Evaluate several policies in several harnesses: one held-out Pass@1 table, rows policies, columns harnesses.
 
     Each policy is evaluated as `clawgym eval` does, over every --harness, in OUT/<policy>/ (a rerun
@@ -472,7 +463,7 @@ def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MOD
     policies = parse_policies(policy)
     cfg = _rollout_config({**options, "model": next(iter(policies.values()))})
     with _result(json_out) as report:
-        cells = compare(policies, cfg, cfg.out, err)
+        cells = compare(policies, cfg, cfg.out, err, force=force)
         out_console().print(markdown(cells), markup=False)
         report(f"wrote {cfg.out / 'table.md'}, {cfg.out / 'table.json'} and {cfg.out / 'table.png'}",
                {"out": cfg.out.resolve(), "cells": [dataclasses.asdict(c) for c in cells]})

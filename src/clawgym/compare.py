@@ -88,15 +88,22 @@ def cells_of(policy: str, rollouts: list[A.RolloutRecord], harnesses: list[str])
     return cells
 
 
-def compare(policies: dict[str, Path], config, out: Path, console: Console) -> list[Cell]:
-    """Evaluate each policy in `config.harnesses` (a RolloutConfig whose model and out are replaced) and write the table."""
+def compare(policies: dict[str, Path], config, out: Path, console: Console, *, force: bool = False) -> list[Cell]:
+    """Evaluate each policy in `config.harnesses` (a RolloutConfig whose model and out are replaced) and write the table.
+
+    A policy's folder is rerun as `clawgym eval` reruns one (`settings.rollout_rerun`): the same settings
+    resume, other ones (another checkpoint under the same name, another --n) are refused unless `force`."""
     from clawgym.rollout.runner import run_rollouts
+    from clawgym.settings import rollout_rerun
 
     out = Path(out)
+    configs = {name: replace(config, model=model, out=out / name) for name, model in policies.items()}
+    for cfg in configs.values():  # every policy's folder checked before any rollout runs
+        rollout_rerun(cfg, force=force, console=console)
     cells: list[Cell] = []
-    for i, (name, model) in enumerate(policies.items(), 1):
-        console.print(f"compare: policy {i}/{len(policies)} {name} ({model}) in {', '.join(config.harnesses)}", markup=False)
-        summary = run_rollouts(replace(config, model=model, out=out / name), console)
+    for i, (name, cfg) in enumerate(configs.items(), 1):
+        console.print(f"compare: policy {i}/{len(policies)} {name} ({cfg.model}) in {', '.join(config.harnesses)}", markup=False)
+        summary = run_rollouts(cfg, console)
         cells += cells_of(name, summary.rollouts, list(config.harnesses))
     write_table(cells, out)
     return cells

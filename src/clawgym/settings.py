@@ -73,3 +73,21 @@ def check_rerun(stage: str, record: Path, config: Any, *, force: bool, what: str
         return True
     raise UserError(f"{what} was made with other settings ({'; '.join(diffs)}): rerun with the same settings to resume, "
                     f"or pass --force to start over")
+
+
+def rollout_rerun(cfg: Any, *, force: bool, console: Any) -> None:
+    """The rerun rule of a folder of rollouts (`clawgym rollout`, `eval`, each policy of `compare`): the
+    same settings resume and say so, others are refused (`check_rerun`), `force` removes the folder's
+    rollout outputs and the trees made from them first."""
+    import shutil
+
+    from clawgym.layout import StepLayout
+
+    out = StepLayout(cfg.out)
+    if check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out)):
+        console.print(f"{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept)", highlight=False,
+                      soft_wrap=True, markup=False)
+    elif force:
+        for path in (out.results, out.transcripts, out.rollouts, out.calls, out.rollout_config, out.trees, out.trees_config):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(out.records, ignore_errors=True)
