@@ -62,7 +62,7 @@ def _step(d: Path) -> Path:
 
 def test_the_start_line_divides_weights_grads_and_optimizer_by_the_fsdp_ranks():
     s = M.QWEN3["8B"]
-    cfg = TrainConfig(trees=Path("t"), rollouts=Path("r"), model=Path("m"), out=Path("o"), precision="bf16")
+    cfg = TrainConfig(trees=Path("t"), rollouts=Path("r"), model=Path("m"), out=Path("o"), precision="bf16", head_chunk=256)
     whole, sharded = M.estimate_line(s, cfg, 8), M.estimate_line(s, TrainConfig(**{**cfg.__dict__, "fsdp": True}), 8)
     assert "8 process(es), unsharded" in whole and "8 process(es), FSDP over 8" in sharded
     e1 = M.estimate(s, precision="bf16", activation_checkpointing=False)

@@ -112,10 +112,14 @@ def test_packed_gradients_equal_per_path_with_once_per_prefix_weights(lm, seed, 
         tgt = p[1:]
         total = total - (w[tgt] / count[tgt] * adv[tgt] * lp).sum()
     total.backward()
+    # each parameter's error relative to its own largest gradient, floored by the model's largest: a
+    # parameter whose gradient is all but zero (a q_proj row group at 1e-8) carries fp32 rounding of
+    # the whole backward, not its own scale
+    refs = {k: dict(lm.named_parameters())[k].grad for k in packed}
+    floor = max(float(r.abs().max()) for r in refs.values())
     for k, g in packed.items():
-        ref = dict(lm.named_parameters())[k].grad
-        scale = ref.abs().max().clamp_min(1e-12)
-        assert (g - ref).abs().max() <= 1e-5 * scale, k
+        scale = max(float(refs[k].abs().max()), 1e-3 * floor, 1e-12)
+        assert (g - refs[k]).abs().max() <= 1e-5 * scale, k
 
 
 def test_only_trainable_nodes_and_their_ancestors_are_packed():

@@ -695,8 +695,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # transformers' and the hub's tqdm bars ("Loading weights") would break the one-line-per-step output
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _SIGNALS.clear()  # this call's signals only (main() also runs in-process, e.g. under a test runner)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, _terminate)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # an ignored SIGINT (a background job) stays ignored
+    if handlers[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT (a background job) stays ignored
         signal.signal(signal.SIGINT, _interrupt)
     try:
         app()
@@ -710,6 +712,9 @@ def main() -> None:
         if _SIGNALS:
             _stopped()
         raise
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

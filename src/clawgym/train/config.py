@@ -39,7 +39,8 @@ class TrainConfig:
     adv_eps: float = option(1e-6, "ε added to the group's reward std when normalizing GRPO advantages.")
     max_grad_norm: float = option(1.0, "Gradient clipping norm.")
     token_budget: int = option(8192, "Padded tokens per micro-batch (rows × longest row); a longer tree goes alone.")
-    head_chunk: int = option(HEAD_CHUNK, "Scored tokens per LM-head chunk: at most this many rows of [tokens, vocab] logits exist at once (lm_head.py); 0: all at once.")
+    head_chunk: int = option(0, f"Scored tokens per LM-head chunk: at most this many rows of [tokens, vocab] logits exist at once "
+                                f"(lm_head.py; {HEAD_CHUNK} saves most of the head's memory); 0: all at once, as autograd's own ops do.")
     attention: str = option("auto", "Packed-tree attention: auto (flex on CUDA, segments on CPU) | segments | dense | flex (attention.py).")
     share_prefixes: bool = option(True, "Forward a prefix that rollouts share (a GRPO group's prompt) once per micro-batch: their trees merge into one trie (trie.py); losses stay per rollout.")
     value_lr: float = option(1e-5, "PPO: value model learning rate.")
