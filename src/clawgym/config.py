@@ -35,7 +35,7 @@ from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
 from clawgym.model import SIZES
 from clawgym.pretrained import PRETRAINED
 from clawgym.templates import SHIPPED, load_chat_template
-from clawgym.train.config import TrainConfig
+from clawgym.train.config import PER_CALL, TrainConfig
 
 
 @dataclass
@@ -161,7 +161,7 @@ _SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, 
              "trees": TreesSection, "eval": EvalSection, "sft": SftSection, "offline": OfflineSection, "ray": RaySection,
              "log": LogSection}
 # TrainConfig fields a recipe may not set: the loop fills them per step.
-_TRAIN_FILLED = {"trees", "rollouts", "model", "out", "metrics", "resume", "force"}
+_TRAIN_FILLED = PER_CALL
 
 
 def _check_type(value: Any, annotation: Any, where: str) -> Any:

@@ -30,9 +30,9 @@ from typing import Any
 from clawgym.errors import UserError
 from clawgym.fields import key_values
 from clawgym.layout import RunLayout, StepLayout
-from clawgym.train.config import TrainConfig
+from clawgym.train.config import PER_CALL, TrainConfig
 
-FILLED = ("trees", "rollouts", "model", "out", "metrics", "resume", "force")
+FILLED = PER_CALL
 """TrainConfig fields a replay fills per step (where the batch is, where to write): never recorded settings."""
 
 

@@ -13,6 +13,9 @@ from clawgym.fields import option
 
 ALGOS = ("grpo", "ppo", "sft")
 PRECISIONS = ("fp32", "bf16")
+PER_CALL = frozenset({"trees", "rollouts", "model", "out", "metrics", "resume", "force"})
+"""TrainConfig fields its caller fills for each call (where the batch is, where to write, how to treat
+an earlier output): never settings of a recipe's [train] or of a replay"""
 HEAD_CHUNK = 256  # scored tokens per LM-head chunk: [256, V] fp32 is 50 MB at V = 49k, 156 MB at 152k
 
 
