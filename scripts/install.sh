@@ -23,7 +23,8 @@ python3 -c "import torch, clawgym; print(f'[install] clawgym {clawgym.__version_
 
 # bubblewrap: the default (local) sandbox's file isolation; without it `clawgym rollout` and
 # `clawgym run` refuse to start (docs/harnesses.md, "Sandboxes").
-if ! command -v bwrap >/dev/null; then
+# CLAWGYM_NO_APT=1 leaves system packages to the caller (the Dockerfile's runtime stage installs them).
+if ! command -v bwrap >/dev/null && [ -z "${CLAWGYM_NO_APT:-}" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "[install] bubblewrap (apt)"
         # the lists are refreshed only when they lack it; another apt may hold their lock a moment (CI
