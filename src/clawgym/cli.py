@@ -587,8 +587,8 @@ def tasks_make(
 def tasks_validate(
     path: Path = typer.Argument(..., help="A task folder or a folder of task folders."),
     jobs: int = typer.Option(2, "--jobs", "-j", help="Tasks checked at once."),
-    sandbox: str = typer.Option("local", help="Sandbox backend: local | docker."),
-    network: str = typer.Option("auto", help="Local sandbox network: auto | bwrap | unshare | blackhole."),
+    sandbox: str = typer.Option("local", help="Sandbox backend: local (bubblewrap) | docker | docker:IMAGE | local-unisolated (no file isolation)."),
+    network: str = typer.Option("auto", help="Local sandbox network: auto | bwrap | unshare | blackhole (the last two with local-unisolated)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the full report as JSON."),
     all_rows: bool = typer.Option(False, "--all", help="List every task, not only those with a problem or a positive no-op score."),
 ) -> None:
@@ -600,9 +600,11 @@ def tasks_validate(
     Example: clawgym tasks validate tasks/clawgym-bench --jobs 2
     """
     from clawgym.artifacts import atomic_write_bytes
-    from clawgym.rollout.sandbox import SandboxConfig
+    from clawgym.rollout.sandbox import SandboxConfig, announce, isolation
     from clawgym.rollout.validate import print_report, validate_tasks
 
+    # the verifiers run task code: the same isolation rule as a rollout (refused in one line without it)
+    announce(isolation(sandbox, network), err)
     with err.status(f"validating tasks in {path}"):
         report = validate_tasks(path, sandbox=sandbox, sandbox_config=SandboxConfig(network=network), jobs=jobs)
     print_report(report, out_console(), show_all=all_rows)
