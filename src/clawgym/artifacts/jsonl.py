@@ -137,12 +137,6 @@ def rows_from_dicts(records: Iterable[dict], row_type: type[Row], path: str | os
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Metrics lines
-# ---------------------------------------------------------------------------------------------
-
-
-
 def read_transcripts(path: str | os.PathLike) -> dict[str, Transcript]:
     """transcripts.jsonl -> {rollout id: transcript}; a rerun rollout's last line wins (as in results.jsonl)."""
     return {t.rollout_id: t for t in (Transcript.from_json(r, path) for r in read_jsonl(path).records)}
