@@ -123,6 +123,12 @@ class _Node:
     call_id: str
 
 
+def _prompt(node: _Node) -> list[int]:
+    """A node's prompt ids. The newest node of a conversation owns its whole id list: no copy of it
+    (the caller reads it before any commit extends the list)."""
+    return node.chain if node.length == len(node.chain) else node.chain[: node.length]
+
+
 @dataclass
 class RenderPlan:
     """A rendered prompt, not yet attached to the rollout (the proxy may still refuse the call)."""
@@ -320,20 +326,16 @@ class RolloutTito:
         prompt is built on it), checked for a full one (a rewritten history may keep the messages
         but not the tokens)."""
         extended = None
-        if node is not None:
-            prompt = node.chain[: node.length]
-            if incremental or common_prefix(prompt, ids) == len(prompt):
-                extended = self._base(node, prompt)
+        if node is not None and (incremental or common_prefix(_prompt(node), ids) == node.length):
+            extended = self._base(node, shared=node.length)
         latest = None
         if self.last is not None and (extended is None or self.last[1] != extended.call_id):
-            latest = self._base(self.last[0], None)
+            latest = self._base(self.last[0], shared=0)
         return extended, latest
 
-    def _base(self, node: _Node, known_prefix: list[int] | None) -> PromptBase:
-        """`node`'s call as a base; `known_prefix`: its prompt, when that is known to start the new prompt."""
+    def _base(self, node: _Node, shared: int) -> PromptBase:
         comp = self.by_call.get(node.call_id)  # None while that call is still generating
-        prompt = known_prefix if known_prefix is not None else node.chain[: node.length]
-        return PromptBase(node.call_id, prompt, comp.output_ids if comp else (), len(prompt) if known_prefix is not None else 0)
+        return PromptBase(node.call_id, _prompt(node), comp.output_ids if comp else (), shared)
 
     # -- state updates -------------------------------------------------------------------------
 
