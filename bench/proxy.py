@@ -119,8 +119,8 @@ def long_conversation(server: ProxyServer, turns: int, tool_output_chars: int):
         out = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids + [tok.eos_token_id]
         parsed = HermesParser().parse(text)
         tito.add_completion(f"c{i}", parsed.text, parsed.tool_calls, out)
-        rec = {"prompt_ids": plan.prompt_ids[plan.base_len:] if plan.base_call else plan.prompt_ids, "output_ids": out,
-               "output_logprobs": [0.0] * len(out), "prompt_base_call": plan.base_call, "prompt_base_len": plan.base_len}
+        rec = {"prompt_ids": plan.delta.tail(plan.prompt_ids), "output_ids": out, "output_logprobs": [0.0] * len(out),
+               "prompt_base_call": plan.delta.base_call, "prompt_base_len": plan.delta.base_len}
         delta_bytes += len(orjson.dumps(rec)) + 1
         full_bytes += len(orjson.dumps(rec | {"prompt_ids": plan.prompt_ids, "prompt_base_call": None, "prompt_base_len": 0})) + 1
         msgs = msgs + [Message("assistant", parsed.text, parsed.tool_calls), Message("tool", f"# file{i}.py\n" + filler)]

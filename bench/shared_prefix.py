@@ -54,15 +54,6 @@ def make_task(root: Path, instruction: str) -> None:
     (d / "tests" / "check.py").write_text(CHECK)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def measure(name: str, work: Path, model: Path, tokenizer) -> dict:
     """Two rollouts of the task with one harness variant; their first prompts compared."""
     harness, options = VARIANTS[name]
@@ -85,7 +76,7 @@ def measure(name: str, work: Path, model: Path, tokenizer) -> dict:
     if missing:
         raise SystemExit(f"{name}: no call recorded for {', '.join(missing)} (see {out})")
     a, b = (first[r].prompt_ids for r in rids)
-    n = common_prefix(a, b)
+    n = A.common_prefix(a, b)
     where = "identical" if n == len(a) == len(b) else repr(tokenizer.decode(a[max(0, n - 12): n + 6]))
     # what the proxy rewrote before tokenizing, as sent (absent on code without the normalization)
     sent = [json.loads(getattr(first[r], "normalized_json", "{}")).get("billing_header", "") for r in rids]

@@ -4,8 +4,8 @@ Each synthetic rollout has 50 calls: a 20k-token system+tools prefix shared by e
 context that grows by a tool result and a model turn per call, 3 subagents of 3 calls each (their
 own system prompt), 1 context compaction (summary call, then the main agent goes on from
 system + summary), and 2 retries (a regenerated turn, and an engine error retried). Prompts are
-delta-encoded the way the proxy stores them (`artifacts.delta_encode_calls`: against the earlier
-call sharing the longest prefix), written to calls.parquet, and `clawgym build-trees` runs on the
+delta-encoded the way the proxy stores them (the codec's rule, `artifacts.delta_encode_calls`: against
+the call whose conversation it extends, or the latest call), written to calls.parquet, and `clawgym build-trees` runs on the
 files in a fresh process, so time and peak RSS are the stage's own.
 
 The baseline materialises every prompt (`artifacts.materialize_prompts`) and inserts the full

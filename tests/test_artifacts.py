@@ -1,8 +1,10 @@
-"""Artifacts: round trips, validation errors that name file and field, torn JSONL, delta-encoded prompts."""
+"""Artifacts: round trips, validation errors that name file and field, torn JSONL, the prompt delta codec."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawgym import artifacts as A
+from clawgym.proxy import read_records
 
 ids = st.lists(st.integers(0, 2**31 - 1), max_size=30)
 text = st.text(max_size=20)
@@ -177,7 +180,9 @@ def test_atomic_write_keeps_previous_file_when_writing_fails(tmp_path: Path) -> 
     assert sorted(os.listdir(tmp_path)) == ["trees.parquet"]  # no temp file left behind
 
 
-# --- delta-encoded prompts ---------------------------------------------------------------------
+# --- the prompt delta codec ----------------------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "records"
 
 
 def _conversation(rng_turns: list[tuple[int, int]], prefix: int = 20) -> list[A.CallRecord]:
@@ -192,40 +197,136 @@ def _conversation(rng_turns: list[tuple[int, int]], prefix: int = 20) -> list[A.
     return out
 
 
+def _shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _expected_delta(calls: list[A.CallRecord], j: int) -> tuple[str | None, int]:
+    """The base-choice rule of artifacts/codec.py, spelled out naively: candidates are the call whose
+    whole prompt this prompt starts with (the longest, the latest of equal ones) and the latest call;
+    the base shares the longest prefix (the extended conversation on a tie), at least 16 tokens."""
+    prompt, earlier = calls[j].prompt_ids, calls[:j]
+    extended = None
+    for c in earlier:
+        if prompt[: len(c.prompt_ids)] == c.prompt_ids and (extended is None or len(c.prompt_ids) >= len(extended.prompt_ids)):
+            extended = c
+    best, best_n = None, -1
+    for c in (extended, earlier[-1] if earlier else None):
+        if c is not None and (n := _shared(c.prompt_ids + c.output_ids, prompt)) > best_n:
+            best, best_n = c, n
+    return (best.call_id, best_n) if best is not None and best_n >= A.MIN_SHARED_PREFIX else (None, 0)
+
+
+@st.composite
+def _rollouts(draw) -> list[A.CallRecord]:
+    """Calls as harnesses make them: a turn appended to any earlier call, the same request again, a
+    history cut and rewritten (compaction), an unrelated prompt (a subagent). Tokens come from a
+    small alphabet, so prompts also share prefixes by chance."""
+    tokens = st.lists(st.integers(0, 3), max_size=24)
+    calls: list[A.CallRecord] = []
+    for i in range(draw(st.integers(1, 10))):
+        op = draw(st.sampled_from(["extend", "again", "rewrite", "fresh"])) if calls else "fresh"
+        if op == "fresh":
+            prompt = draw(st.lists(st.integers(0, 3), min_size=0, max_size=40))
+        else:
+            c = calls[draw(st.integers(0, len(calls) - 1))]
+            seq = c.prompt_ids + c.output_ids
+            if op == "extend":
+                prompt = seq + draw(tokens)
+            elif op == "again":
+                prompt = list(c.prompt_ids)
+            else:
+                prompt = seq[: draw(st.integers(0, len(seq)))] + draw(tokens)
+        calls.append(_call(i, prompt, draw(st.lists(st.integers(0, 3), max_size=12))))
+    return calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(_rollouts())
+def test_encoding_follows_the_base_rule_and_decodes_exactly(calls) -> None:
+    encoded = A.delta_encode_calls(calls)
+    for j, (c, e) in enumerate(zip(calls, encoded)):
+        assert (e.prompt_base_call, e.prompt_base_len) == _expected_delta(calls, j)
+        assert e.prompt_ids == c.prompt_ids[e.prompt_base_len:]
+    assert A.materialize_prompts(encoded) == calls
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2), max_size=700), st.lists(st.integers(0, 2), max_size=700), st.integers(0, 800))
+def test_common_prefix_counts_the_shared_tokens(a, b, start) -> None:
+    n = _shared(a, b)
+    assert A.common_prefix(a, b) == n
+    assert A.common_prefix(a, b, min(start, n)) == n  # a known-equal start only skips work
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), min_size=1, max_size=12), st.integers(0, 40))
-def test_delta_encoded_prompts_materialize_exactly(turns, prefix) -> None:
+def test_an_appending_conversation_is_stored_against_the_previous_call(turns, prefix) -> None:
     calls = _conversation(turns, prefix)
     encoded = A.delta_encode_calls(calls)
-    for c, e in zip(calls, encoded):
-        if e.is_delta:
-            assert len(e.prompt_ids) < len(c.prompt_ids)
-            assert e.prompt_base_len >= 16
+    for prev, c, e in zip(calls, calls[1:], encoded[1:]):
+        shared = len(prev.prompt_ids) + len(prev.output_ids)
+        assert (e.prompt_base_call, e.prompt_base_len) == ((prev.call_id, shared) if shared >= 16 else (None, 0))
     assert A.materialize_prompts(encoded) == calls
 
 
 def test_delta_encoding_branches_and_shrinks_storage() -> None:
     calls = _conversation([(5, 5)] * 10, prefix=100)
-    # A retry of call 4: the same prompt as call 4, another output.
+    # A retry of call 4: the same prompt as call 4, another output; stored against call 4 itself.
     retry = dataclasses.replace(calls[4], call_id="c4-retry", seq=10, output_ids=[9, 9, 9])
     encoded = A.delta_encode_calls(calls + [retry])
     stored = sum(len(c.prompt_ids) for c in encoded)
     full = sum(len(c.prompt_ids) for c in calls + [retry])
     assert stored * 3 < full
     by_id = {c.call_id: c for c in encoded}
-    assert by_id["c4-retry"].prompt_base_call is not None
+    assert (by_id["c4-retry"].prompt_base_call, by_id["c4-retry"].prompt_base_len, by_id["c4-retry"].prompt_ids) == \
+        ("c4", len(calls[4].prompt_ids), [])
     assert {c.call_id: c.prompt_ids for c in A.materialize_prompts(encoded)} == {c.call_id: c.prompt_ids for c in calls + [retry]}
+
+
+def test_recorded_rollouts_decode_to_the_same_prompts_and_reencode_as_recorded() -> None:
+    """Records the proxy wrote (tiny model, scripted engine): an appending agent loop, a harness that
+    replaces a trailing context message every turn, and a rollout with a retried request, an
+    interleaved subagent and a compacted history. They decode to the prompts whose lengths and
+    hashes the fixture lists, and the offline encoder stores each prompt exactly as the proxy did."""
+    expected = json.loads((FIXTURES / "full_prompts.json").read_text())
+    for rollout, want in expected.items():
+        recorded = read_records(FIXTURES / f"{rollout}.jsonl")
+        full = A.materialize_prompts(recorded, FIXTURES / f"{rollout}.jsonl")
+        got = [[c.call_id, len(c.prompt_ids), hashlib.sha256(json.dumps(c.prompt_ids).encode()).hexdigest()] for c in full]
+        assert got == want, rollout
+        assert sum(c.is_delta for c in recorded) >= len(recorded) - 2, rollout  # the fixtures exercise the deltas
+        reencoded = A.delta_encode_calls(full)
+        assert [(c.prompt_base_call, c.prompt_base_len, c.prompt_ids) for c in reencoded] == \
+            [(c.prompt_base_call, c.prompt_base_len, c.prompt_ids) for c in recorded], rollout
+
+
+def test_delta_encoding_takes_full_prompts_only() -> None:
+    encoded = A.delta_encode_calls(_conversation([(3, 3)] * 8, prefix=20))
+    with pytest.raises(ValueError, match="'c1' of rollout 'r1' is already delta-encoded"):
+        A.delta_encode_calls(encoded)
 
 
 def test_bad_delta_reference_is_reported() -> None:
     calls = _conversation([(3, 3)] * 3, prefix=20)
     encoded = A.delta_encode_calls(calls)
     broken = [encoded[0], dataclasses.replace(encoded[1], prompt_base_call="c-missing")]
-    with pytest.raises(A.ArtifactError, match=r"field 'prompt_base_call': call c1 of rollout r1 refers to 'c-missing'"):
+    with pytest.raises(A.ArtifactError, match=r"calls.parquet: field 'prompt_base_call': call 'c1' of rollout 'r1' refers to 'c-missing'"):
         A.materialize_prompts(broken, "calls.parquet")
+    later = [dataclasses.replace(encoded[1], prompt_base_call="c2"), encoded[2]]
+    with pytest.raises(A.ArtifactError, match=r"field 'prompt_base_call': call 'c1' .* not an earlier call"):
+        A.materialize_prompts(later)
     too_long = [encoded[0], dataclasses.replace(encoded[1], prompt_base_len=10_000)]
-    with pytest.raises(A.ArtifactError, match=r"field 'prompt_base_len'"):
+    with pytest.raises(A.ArtifactError, match=r"field 'prompt_base_len': call 'c1' \(seq 1\) of rollout 'r1' shares 10000 tokens"):
         A.materialize_prompts(too_long)
+    orphan = [encoded[0], dataclasses.replace(encoded[1], prompt_base_call=None)]
+    with pytest.raises(A.ArtifactError, match=r"field 'prompt_base_len': .* but no prompt_base_call"):
+        A.materialize_prompts(orphan)
+    with pytest.raises(A.ArtifactError, match=r"field 'seq': rollout 'r1' has two calls with seq 0"):
+        A.materialize_prompts([encoded[0], dataclasses.replace(encoded[0], call_id="other")])
 
 
 # --- metrics -------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawgym.artifacts import materialize_prompts
+from clawgym.artifacts import CallRecord, delta_encode_calls, materialize_prompts
 from clawgym.proxy import ProxyConfig, ProxyThread, anthropic, openai_chat, read_records
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy.toolparse import HermesParser
@@ -123,6 +123,47 @@ def test_history_rewrite_falls_back_to_full_render(renderer, tiny_tokenizer):
     assert p.mode == "full" and p.fallback and p.spliced == 1 and p.unmatched == 0
     assert any(p.prompt_ids[i:i + len(out)] == out for i in range(len(p.prompt_ids)))  # sampled ids, verbatim
     assert p.base_call == "c0" and p.base_len >= 16  # still delta-encoded against the shared prefix
+
+
+def test_the_proxy_stores_each_prompt_by_the_codec_rule(renderer, tiny_tokenizer):
+    """What the renderer decides a record stores (base call, shared tokens) is what the codec's
+    offline encoder gives the same full prompts: an agent loop, the same request again, a subagent
+    in between (another system prompt), a compacted history and a trailing context message moved."""
+    tito = RolloutTito(renderer, audit=True)
+    plans, full = [], []
+
+    def turn(msgs, text):
+        cid = f"c{len(plans)}"
+        plan, out, parsed = answer(tito, tiny_tokenizer, msgs, cid, text)
+        plans.append(plan)
+        full.append(CallRecord("r", cid, len(full), "openai-chat", "m", 0.0, 0.0, list(plan.prompt_ids), out,
+                               [0.0] * len(out), "stop", 0))
+        return Message("assistant", parsed.text, parsed.tool_calls)
+
+    main = [Message("system", "You are a coding agent. Inspect files with Bash before answering."), Message("user", "task")]
+    sub = [Message("system", "You search the code base."), Message("user", "find foo")]
+    for i in range(3):
+        main = main + [turn(main, call("Bash", command=f"cat f{i}")), Message("tool", f"contents of f{i}")]
+    turn(main, call("Bash", command="ls"))
+    sub = sub + [turn(sub, "Searching."), Message("user", "go on")]  # another system prompt: stored in full
+    turn(sub, "Found it.")
+    main = main + [turn(main, call("Bash", command="grep foo")), Message("tool", "a.txt")]  # the same request again
+    turn(main, "Summary: four files read.")
+    compacted = main[:2] + [Message("user", "Summary: four files read.")]  # a full render, against the latest call
+    compacted = compacted + [turn(compacted, call("Bash", command="cat a.txt")), Message("tool", "foo")]
+    turn(compacted + [Message("user", "<context 1>")], call("Bash", command="pwd"))
+    turn(compacted + [Message("assistant", "checking"), Message("user", "<context 2>")], "Done.")  # the latest call shares most
+    ctx = Message("user", "<context>")  # moved behind each new turn: no earlier request is a prefix
+    aux = [Message("system", "You title conversations."), Message("user", "Title this.")]
+    a = turn(aux + [ctx], call("Bash", command="date"))
+    turn(aux + [a, Message("tool", "Tuesday"), ctx], "A title.")
+
+    encoded = delta_encode_calls(full)
+    assert [(p.base_call, p.base_len) for p in plans] == [(c.prompt_base_call, c.prompt_base_len) for c in encoded]
+    assert {p.mode for p in plans if p.base_call} == {"incremental", "full"}  # both render paths store deltas
+    stored = [p.delta.tail(p.prompt_ids) for p in plans]
+    assert stored == [c.prompt_ids for c in encoded]
+    assert [c.prompt_ids for c in materialize_prompts(encoded)] == [p.prompt_ids for p in plans]
 
 
 def test_retry_of_identical_request_gives_identical_prompt(renderer, tiny_tokenizer):

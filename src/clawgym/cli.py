@@ -1,7 +1,7 @@
 """The `clawgym` command line: a table of contents of the pipeline, one short function per command.
 
 Each command only parses its arguments and calls the stage that does the work; stages exchange
-files on disk (see `artifacts.py`). Errors a user can cause surface as one line on stderr: exit 2
+files on disk (see `artifacts/`). Errors a user can cause surface as one line on stderr: exit 2
 for usage errors (Typer's own), exit 1 for runtime errors (`UserError`, `ArtifactError`). The
 stages a shell script chains (rollout, build-trees, train, eval, sync) take `--json`: their result
 as one JSON object on stdout, everything else on stderr (`_result`; docs/recipes.md).

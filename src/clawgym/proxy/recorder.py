@@ -4,8 +4,8 @@ Each finished call (ok or failed) becomes one `CallRecord` line in `RECORDS/<rol
 fsync'd before the call stops counting as in flight — so a runner that settles on "nothing in
 flight and the record count unchanged" never collects a half-written rollout (paper §3.4).
 Prompts are delta-encoded against an earlier call of the same rollout (`prompt_base_call`,
-`prompt_base_len`: that call's prompt+output shares that many leading tokens), which the renderer
-knows for free; `export_calls` writes calls.parquet with full prompts or kept deltas.
+`prompt_base_len`: that call's prompt+output shares that many leading tokens) by the codec in
+artifacts/codec.py, which the renderer feeds; `export_calls` writes calls.parquet with full prompts or kept deltas.
 
 fsync runs in a small thread pool so the event loop keeps serving; a per-rollout lock keeps each
 file's lines in completion order. Nothing secret is ever written: records hold tokens and

@@ -35,6 +35,10 @@ Rendering a request:
 A later prompt therefore extends an earlier prompt plus its sampled output token for token
 whenever the harness appended to the conversation, and keeps every turn's own sampled ids when it
 dropped or moved other messages. `audit=True` also renders fully and compares.
+
+Each plan also says how its record stores the prompt (`delta`): the prompt delta codec's rule
+(artifacts/codec.py), given the call whose request this one extends (a node: found by messages, no
+token scan) and the rollout's latest call.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from typing import Any
 
 import orjson
 
-from clawgym.artifacts import MIN_SHARED_PREFIX, common_prefix
+from clawgym.artifacts import PromptBase, PromptDelta, common_prefix, encode_prompt
 from clawgym.proxy.types import Message, ToolCall, ToolSpec
 
 _SENT = re.compile("\ue000(\\d+)\ue001")
@@ -119,6 +123,12 @@ class _Node:
     call_id: str
 
 
+def _prompt(node: _Node) -> list[int]:
+    """A node's prompt ids. The newest node of a conversation owns its whole id list: no copy of it
+    (the caller reads it before any commit extends the list)."""
+    return node.chain if node.length == len(node.chain) else node.chain[: node.length]
+
+
 @dataclass
 class RenderPlan:
     """A rendered prompt, not yet attached to the rollout (the proxy may still refuse the call)."""
@@ -130,14 +140,22 @@ class RenderPlan:
     """assistant turns whose sampled ids were spliced in"""
     unmatched: int
     """assistant turns rendered from their text (no stored completion matched)"""
-    base_call: str | None
-    base_len: int
     fallback: bool
     """a full render although the rollout already had conversations (history rewritten, or no prefix-stable window)"""
     audit_mismatch: bool = False
+    delta: PromptDelta = field(default_factory=PromptDelta)
+    """how the record stores the prompt: the codec's choice among this rollout's calls (artifacts/codec.py)"""
     _hashes: list[bytes] = field(default_factory=list, repr=False)
     _node: _Node | None = field(default=None, repr=False)
     _where: _Where = field(default_factory=_Where, repr=False)
+
+    @property
+    def base_call(self) -> str | None:
+        return self.delta.base_call
+
+    @property
+    def base_len(self) -> int:
+        return self.delta.base_len
 
 
 class Renderer:
@@ -257,7 +275,7 @@ class RolloutTito:
                        (0, None))
         plan = None
         if node is not None and k == len(messages):  # an identical request (a retry): same prompt
-            plan = RenderPlan(node.chain[: node.length], "incremental", 0, 0, node.call_id, node.length, False)
+            plan = RenderPlan(node.chain[: node.length], "incremental", 0, 0, False)
         elif node is not None:
             plan = self._incremental(messages, dicts, comps, tools_d, k, node)
         # A full render once the rollout has a conversation means the harness rewrote history
@@ -268,9 +286,9 @@ class RolloutTito:
             plan, fallback, audit_mismatch = None, True, True
         if plan is None:
             ids = ids if ids is not None else self._full(dicts, comps, tools_d)
-            base, blen = self._lcp_base(ids)
-            plan = RenderPlan(ids, "full", len(comps), n_assist - len(comps), base, blen, fallback)
+            plan = RenderPlan(ids, "full", len(comps), n_assist - len(comps), fallback)
         plan.audit_mismatch = audit_mismatch
+        plan.delta = encode_prompt(plan.prompt_ids, self._bases(plan.prompt_ids, node, incremental=plan.mode == "incremental"))
         plan._hashes, plan._node, plan._where = hashes, node if plan.mode == "incremental" else None, where
         return plan
 
@@ -296,24 +314,28 @@ class RolloutTito:
         else:
             return None
         win_comps = {i: comps[i] for i in comps if i >= k}
-        tail, segs = self.r.split(text, win_comps, start=start)
+        tail, _ = self.r.split(text, win_comps, start=start)
         prompt = node.chain[: node.length] + tail
-        first_model = next((s[1] for s in segs if s[0] == "model"), None)
-        base_len = node.length
-        if segs and segs[0] == ("env", "") and first_model is not None and first_model.call_id == node.call_id:
-            base_len += len(first_model.output_ids)
         n_assist = sum(1 for m in messages[k:] if m.role == "assistant")
-        return RenderPlan(prompt, "incremental", len(win_comps), n_assist - len(win_comps), node.call_id, base_len, False)
+        return RenderPlan(prompt, "incremental", len(win_comps), n_assist - len(win_comps), False)
 
-    def _lcp_base(self, ids: list[int]) -> tuple[str | None, int]:
-        """Full render: delta-encode against the rollout's latest call when they share a prefix."""
-        if self.last is None:
-            return None, 0
-        node, call_id = self.last
-        comp = self.by_call.get(call_id)
-        seq = node.chain[: node.length] + (comp.output_ids if comp else [])
-        lcp = common_prefix(seq, ids)
-        return (call_id, lcp) if lcp >= MIN_SHARED_PREFIX else (None, 0)
+    def _bases(self, ids: list[int], node: _Node | None, incremental: bool) -> tuple[PromptBase | None, PromptBase | None]:
+        """The delta codec's candidates: the call whose conversation this prompt extends, and the
+        rollout's latest call. The first is the node of the longest earlier request this one
+        continues, when its whole prompt starts this one: always for an incremental render (the
+        prompt is built on it), checked for a full one (a rewritten history may keep the messages
+        but not the tokens)."""
+        extended = None
+        if node is not None and (incremental or common_prefix(_prompt(node), ids) == node.length):
+            extended = self._base(node, shared=node.length)
+        latest = None
+        if self.last is not None and (extended is None or self.last[1] != extended.call_id):
+            latest = self._base(self.last[0], shared=0)
+        return extended, latest
+
+    def _base(self, node: _Node, shared: int) -> PromptBase:
+        comp = self.by_call.get(node.call_id)  # None while that call is still generating
+        return PromptBase(node.call_id, _prompt(node), comp.output_ids if comp else (), shared)
 
     # -- state updates -------------------------------------------------------------------------
 

@@ -345,14 +345,13 @@ class ProxyServer:
         r, plan, gen = call.rollout, call.plan, call.gen
         if gen is None and call.status == "ok":
             call.status, call.error = "cancelled", "the request ended before the engine answered"
-        prompt = plan.prompt_ids[plan.base_len:] if plan.base_call else plan.prompt_ids
         rec = CallRecord(
             rollout_id=r.id, call_id=call.call_id, seq=call.seq, protocol=call.proto.PROTOCOL, model=call.req.model,
-            started_at=call.started, finished_at=time.time(), prompt_ids=prompt,
+            started_at=call.started, finished_at=time.time(), prompt_ids=plan.delta.tail(plan.prompt_ids),
             output_ids=list(gen.output_ids) if gen else [], output_logprobs=list(gen.output_logprobs) if gen else [],
             finish_reason=call.turn.finish_reason if call.turn else ("error" if gen is None else gen.finish_reason),
             policy_version=gen.policy_version if gen else self.engine.policy_version,
-            prompt_base_call=plan.base_call, prompt_base_len=plan.base_len if plan.base_call else 0, role=r.role,
+            prompt_base_call=plan.delta.base_call, prompt_base_len=plan.delta.base_len, role=r.role,
             status=call.status, error=call.error, stream=call.req.stream, tool_names=[t.qualified_name for t in call.req.tools],
             system_hash=call.req.system_hash(), sampling_json=call.req.sampling_json(), render_mode=plan.mode,
             normalized_json=orjson.dumps(call.req.normalized).decode() if call.req.normalized else "{}",

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 
-from clawgym.artifacts import ArtifactError
+from clawgym.artifacts import ArtifactError, check_base_len
 
 EMPTY_IDS = np.empty(0, dtype=np.int32)
 
@@ -143,17 +143,8 @@ class TreeBuilder:
                                 f"{where} has {len(call.logprobs)} logprobs for {len(call.output)} output tokens")
         if call.base >= i:
             raise ArtifactError(self.path, "prompt_base_call", f"{where} is delta-encoded against a later call")
-        if call.base < 0 and call.base_len != 0:
-            raise ArtifactError(self.path, "prompt_base_len",
-                                f"{where} has prompt_base_len {call.base_len} but no prompt_base_call")
-        if call.base >= 0:
-            base_total = self.calls[call.base].total_len
-            if not 0 <= call.base_len <= base_total:
-                raise ArtifactError(
-                    self.path, "prompt_base_len",
-                    f"{where} shares {call.base_len} tokens with call {self.calls[call.base].call_id!r}, "
-                    f"whose prompt+output has only {base_total}",
-                )
+        base = self.calls[call.base] if call.base >= 0 else None
+        check_base_len(self.path, where, call.base_len, base.call_id if base else None, base.total_len if base else 0)
 
     def _locate(self, end: Node, depth: int) -> tuple[Node, int]:
         """The position `depth` tokens down the path that ends at `end`, as (node, tokens into it)."""

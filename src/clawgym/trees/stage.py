@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clawgym.artifacts import (
-    CALL_ROLES, CALL_STATUSES, ArtifactError, CallRecord, RolloutRecord, TreeNode, append_metrics,
+    CALL_ROLES, CALL_STATUSES, ArtifactError, CallRecord, RolloutRecord, TreeNode, append_metrics, link_bases,
     read_arrow, read_table, write_config, write_table,
 )
 from clawgym.errors import UserError
@@ -171,7 +171,7 @@ def build_rollout_tree(calls: Sequence[CallRecord], rollout: RolloutRecord | Non
             if getattr(c, name) not in allowed:
                 raise ArtifactError("<calls>", name, f"call {c.call_id!r} has {name} {getattr(c, name)!r}; allowed: {', '.join(allowed)}")
     ordered = sorted(calls, key=lambda c: c.seq)
-    bases = _link_bases(rollout_id, [(c.call_id, c.seq, c.prompt_base_call) for c in ordered], "<calls>")
+    bases = link_bases(rollout_id, [(c.call_id, c.seq, c.prompt_base_call) for c in ordered], "<calls>")
     builder = TreeBuilder(rollout_id)
     for c, base in zip(ordered, bases):
         builder.add(CallView(
@@ -212,7 +212,7 @@ def _rollout_calls(calls: pa.Table, path: str) -> Iterator[tuple[str, list[CallV
         while stop < len(order) and rollout_ids[order[stop]] == rid:
             stop += 1
         rows = order[start:stop].tolist()
-        bases = _link_bases(rid, [(call_ids[r], seqs[r], base_calls[r]) for r in rows], path)
+        bases = link_bases(rid, [(call_ids[r], seqs[r], base_calls[r]) for r in rows], path)
         yield rid, [
             CallView(call_ids[r], seqs[r], roles[r], statuses[r], base, base_lens[r],
                      prompt(r), output(r), logprobs(r))
@@ -230,28 +230,6 @@ def _flat_lists(table: pa.Table, name: str, path: str, call_ids: list[str]) -> C
     offsets = column.offsets.to_numpy()
     values = column.values.to_numpy()
     return lambda row: values[offsets[row]:offsets[row + 1]]
-
-
-def _link_bases(rollout_id: str, calls: list[tuple[str, int, str | None]], path: str) -> list[int]:
-    """For (call_id, seq, prompt_base_call) in seq order: the index of each base call, or -1."""
-    index: dict[str, int] = {}
-    bases = []
-    last_seq = None
-    for i, (call_id, seq, base_call) in enumerate(calls):
-        if seq == last_seq:
-            raise ArtifactError(path, "seq", f"rollout {rollout_id!r} has two calls with seq {seq}")
-        if call_id in index:
-            raise ArtifactError(path, "call_id", f"rollout {rollout_id!r} has two calls with call_id {call_id!r}")
-        if base_call is None:
-            bases.append(-1)
-        elif base_call in index:
-            bases.append(index[base_call])
-        else:
-            raise ArtifactError(path, "prompt_base_call",
-                                f"call {call_id!r} of rollout {rollout_id!r} refers to {base_call!r}, not an earlier call of that rollout")
-        index[call_id] = i
-        last_seq = seq
-    return bases
 
 
 # ---------------------------------------------------------------------------------------------
