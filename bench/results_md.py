@@ -21,6 +21,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,13 @@ def parse(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argpars
 
 
 def machine() -> str:
-    return f"{os.cpu_count()} CPUs, {os.uname().machine}, Python {sys.version.split()[0]}"
+    """CPUs, architecture, Python, and the GPUs nvidia-smi lists, if any."""
+    gpus = []
+    if shutil.which("nvidia-smi"):
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        gpus = [g.strip() for g in proc.stdout.splitlines() if g.strip()] if proc.returncode == 0 else []
+    gpu = f", {len(gpus)} × {gpus[0]}" if gpus else ""
+    return f"{os.cpu_count()} CPUs{gpu}, {os.uname().machine}, Python {sys.version.split()[0]}"
 
 
 def record(cmd: list[str], key: str, results: Path = RESULTS) -> int:
@@ -83,10 +90,15 @@ def record(cmd: list[str], key: str, results: Path = RESULTS) -> int:
         print(f"results_md: cannot run `{key}`: {e.strerror}", file=sys.stderr)
         return 1
     with proc:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            out.append(line)
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                out.append(line)
+        except KeyboardInterrupt:  # the child got the same SIGINT; record nothing from a cut run
+            proc.wait()
+            print(f"results_md: `{key}` interrupted; {results} left as it was", file=sys.stderr)
+            return 130
     wall, load1 = time.monotonic() - t0, os.getloadavg()[0]
     if proc.returncode != 0:
         print(f"results_md: `{key}` exited {proc.returncode}; {results} left as it was", file=sys.stderr)
