@@ -276,10 +276,11 @@ def _results_md():
     return mod
 
 
-def _prose_lines(path: Path) -> list[tuple[int, str]]:
-    """A markdown file's lines outside code (fenced blocks, and indented blocks after a blank line)."""
+def _prose_lines(text: str) -> list[tuple[int, str]]:
+    """Markdown's lines outside code (fenced blocks, and indented blocks after a blank line): examples of
+    output may show figures."""
     out, fenced, code, prev = [], False, False, ""
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
             fenced = not fenced
         elif not fenced:
@@ -295,19 +296,19 @@ def _measured_in_prose() -> list[str]:
     for p in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
         if p.name in ("results.md", "config.md"):
             continue
-        found += [f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}" for i, line in _prose_lines(p) for m in MEASURED.finditer(line)]
+        found += [f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}" for i, line in _prose_lines(p.read_text(encoding="utf-8"))
+                  for m in MEASURED.finditer(line)]
     for p in sorted((ROOT / "recipes").glob("*.*")):
         if p.suffix in (".toml", ".sh"):
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
                 if not line.startswith("#"):
                     break  # the header: the leading comment block
                 found += [f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}" for m in MEASURED.finditer(line)]
-    for folder in ("tests", "bench"):
-        for p in sorted((ROOT / folder).glob("*.py")):
-            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                    doc = ast.get_docstring(node) or ""
-                    found += [f"{p.relative_to(ROOT)}:{getattr(node, 'lineno', 1)}: {m.group(0)!r}" for m in MEASURED.finditer(doc)]
+    for p in [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "bench").glob("*.py")), *sorted(SRC.rglob("*.py"))]:
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{p.relative_to(ROOT)}:{getattr(node, 'lineno', 1)}: {m.group(0)!r}"
+                          for _, line in _prose_lines(ast.get_docstring(node) or "") for m in MEASURED.finditer(line)]
     return found
 
 
@@ -326,7 +327,7 @@ def test_the_measured_figure_check_tells_figures_from_targets():
 
 
 def test_readme_docs_recipe_headers_and_docstrings_quote_no_measured_figure():
-    """Figures go to docs/results.md (bench/results_md.py writes it); prose links the section."""
+    """README, docs/*.md, recipe headers and the docstrings of src/, tests/ and bench/. Figures go to docs/results.md (bench/results_md.py writes it); prose links the section."""
     assert _measured_in_prose() == []
 
 
