@@ -11,7 +11,7 @@ threads), so the limit is this machine's at this moment, then runs the hf engine
 that many requests with short prompts decoding --tokens tokens each at temperature 1. It prints
 the engine's decode tokens/s (forward time only, from the engine's stats; and wall time,
 sampling and Python included) and the ratio limit / measured. `--fixed-threads` runs every forward
-with the most threads, as the engine did before it chose per forward (docs/engines.md, Threads). The load average is printed before
+with the most threads instead of the engine's choice per forward (docs/engines.md, Threads). The load average is printed before
 and after: on a shared machine the ratio says as much about the neighbours as about the engine.
 """
 
@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 from clawgym.pretrained import model_by_name
+
+import results_md  # bench/results_md.py: --write-results
 
 
 def machine(mb: int, n: int, small: bool = False) -> tuple[float, float]:
@@ -76,7 +78,7 @@ def main() -> int:
     ap.add_argument("--fixed-threads", action="store_true",
                     help="always the most threads (adaptive_threads=false): the baseline of the engine's thread choice")
     ap.add_argument("--small", action="store_true", help="tiny model, batches 1 and 2, 8 tokens; < 30 s")
-    a = ap.parse_args()
+    a = results_md.parse(ap)
     if a.small:
         a.model, a.batch, a.tokens = None, "1,2", 8
     from clawgym.engines.hf import HFEngine

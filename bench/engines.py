@@ -33,6 +33,8 @@ from rich.table import Table
 from clawgym.artifacts import CallRecord, write_table
 from clawgym.engines import EngineConfig, Sampling, make_engine
 
+import results_md  # bench/results_md.py: --write-results
+
 
 @dataclass
 class Row:
@@ -111,7 +113,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write OUT/ENGINE/calls.parquet and print their mismatch")
     ap.add_argument("--small", action="store_true", help="a correctness run in seconds: the hf engine, 2 rollouts of 4 "
                                                          "tokens, calls and their mismatch in a temporary folder")
-    args = ap.parse_args()
+    args = results_md.parse(ap)
     if args.small:
         args.engines, args.concurrency, args.max_tokens, args.prompt_tokens = "hf", "2", 4, 16
         args.out = Path(tempfile.mkdtemp(prefix="clawgym-bench-engines-"))

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+import results_md  # bench/results_md.py: --write-results
+
 LARGE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072)
 DRY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -247,7 +249,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--max-mismatch", type=float, default=0.1, help="mean |Δlogp| above which the engine's weights are wrong")
-    args = ap.parse_args()
+    args = results_md.parse(ap)
     if args.small:
         import os
         import subprocess

@@ -18,8 +18,7 @@ Without `--requests` the short captured requests in `tests/fixtures/harness_tran
 
 Each mode runs in its own process (so peak RSS and thread settings are its own), on the same
 schedule: `nocache` (the hf engine, `prefix_cache=false`, the baseline), `cache` (the default hf
-engine), and `vllm` with `--vllm` (needs `.venv-vllm/`; its first start compiles for 11-22 minutes
-on a 2-core CPU, docs/engines.md). It prints per-call latency p50/p95 (all calls; first calls; later
+engine), and `vllm` with `--vllm` (needs `.venv-vllm/`; every start compiles the model first, docs/engines.md). It prints per-call latency p50/p95 (all calls; first calls; later
 calls), the 4-call rollout wall time, the share of prompt tokens the model computed, decode
 tokens/s, peak RSS and each as a ratio to `nocache`. `--small` also checks that the cached engine
 sampled the same ids as the baseline with logprobs within 1e-4, and exits 1 if not; it runs both modes
@@ -41,6 +40,8 @@ import time
 from pathlib import Path
 
 from clawgym.pretrained import model_by_name
+
+import results_md  # bench/results_md.py: --write-results
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "harness_transcripts.json"
@@ -225,7 +226,7 @@ def main() -> int:
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = results_md.parse(ap)
     if a.mode:
         child(a)
         return 0

@@ -35,6 +35,8 @@ from clawgym.pretrained import model_by_name
 from clawgym.engines import Sampling
 from clawgym.engines.hf import HFEngine
 
+import results_md  # bench/results_md.py: --write-results
+
 
 async def schedule(engine: HFEngine, prompts: list[list[int]], max_tokens: int, gap: float):
     """Send prompt i at i * gap seconds; (wall seconds, CPU seconds, tokens, latencies, ids per request)."""
@@ -63,7 +65,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--small", action="store_true", help="a correctness run in seconds: 3 requests of 4 tokens, one repeat; "
                                                          "exits 1 unless every run sampled the same ids")
-    a = ap.parse_args()
+    a = results_md.parse(ap)
     if a.small:
         a.requests, a.max_tokens, a.prompt_tokens, a.repeats = 3, 4, 16, 1
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,6 +33,8 @@ from clawgym.proxy.render import RolloutTito
 from clawgym.proxy.toolparse import HermesParser
 from clawgym.proxy.types import Message, ToolSpec
 
+import results_md  # bench/results_md.py: --write-results
+
 TOOL_TEXT = 'Running.\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la src"}}\n</tool_call>'
 TOOLS = [{"name": "Bash", "description": "Run a shell command", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
 
@@ -187,7 +189,7 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="20 conversations, 50 clients x 2, turn 30")
     ap.add_argument("--small", action="store_true", help="a correctness run in seconds: 4 conversations, 8 clients x 1, turn 6")
-    a = ap.parse_args()
+    a = results_md.parse(ap)
     if a.small:
         a.calls, a.clients, a.per_client, a.turns, a.reps = 4, 8, 1, 6, 1
     elif a.quick:

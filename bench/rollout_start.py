@@ -38,6 +38,8 @@ from clawgym.rollout.harnesses.agentloop import ENTRY
 from clawgym.rollout.sandbox import SandboxConfig, open_sandbox
 from clawgym.rollout.sandbox_docker import prepare_engine
 
+import results_md  # bench/results_md.py: --write-results
+
 PACKAGE_ROOT = str(Path(clawgym.__file__).resolve().parents[1])
 # Runs argv[1:] and prints the CPU seconds (user + sys) it and its children used, as JSON.
 PROBE = ("import json, resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
@@ -126,7 +128,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--network", default="auto", help="sandbox network mode (default: auto)")
     ap.add_argument("--small", action="store_true", help="one repeat of the sandbox rows (1 and 4): a quick correctness check")
-    args = ap.parse_args()
+    args = results_md.parse(ap)
     n = 1 if args.small else args.repeats
 
     if args.small:

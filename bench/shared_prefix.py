@@ -12,7 +12,7 @@ group by the trainer and cached once by the engine; the rest is forwarded per ro
     PYTHONPATH=/path/to/other/checkout/src python bench/shared_prefix.py   # the same on other code
 
 `claude-code` is the adapter's default (a one-line system prompt); `claude-code-full` keeps Claude
-Code's own ~19k-token system prompt (`bare = false`). The sandbox is the runner's default (`local`,
+Code's own long system prompt (`bare = false`). The sandbox is the runner's default (`local`,
 network `auto`: bubblewrap where permitted). Harnesses that are not installed are skipped with the
 adapter's reason (`clawgym harness install NAME`).
 """
@@ -33,6 +33,8 @@ from clawgym import artifacts as A
 from clawgym.model import init_model
 from clawgym.rollout.harnesses import HARNESSES
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
+
+import results_md  # bench/results_md.py: --write-results
 
 INSTRUCTION = "Create a file out.txt containing hi by running a shell command."
 CHECK = "import json, sys, pathlib\nprint(json.dumps({'out': (pathlib.Path(sys.argv[1]) / 'out.txt').exists()}))\n"
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines too")
     ap.add_argument("--small", action="store_true", help="the claude-code row only, checked to share a prefix "
                                                          "(exits 0 with a note when the harness is not installed)")
-    args = ap.parse_args(argv)
+    args = results_md.parse(ap, argv)
     if args.small:
         args.harness = ["claude-code"]
     from transformers import AutoTokenizer

@@ -37,6 +37,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ also when a test loads this file
+import results_md  # noqa: E402  bench/results_md.py: --write-results
+
 FILLER = "the quick brown fox jumps over the lazy dog while the proxy records every token"
 
 
@@ -362,7 +365,7 @@ def main() -> None:
     ap.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--small", action="store_true", help="a correctness run in seconds: 8 rollouts x 4 calls, no baseline, "
                                                          "figures in a temporary folder")
-    args = ap.parse_args()
+    args = results_md.parse(ap)
     if args.small:
         args.rollouts, args.calls, args.no_baseline = 8, 4, True
         args.results = tempfile.mkdtemp(prefix="clawgym-soak-small-")

@@ -84,6 +84,8 @@ from clawgym.train.config import HEAD_CHUNK
 from clawgym.train.lm_head import chunked_logprobs
 from clawgym.train.packing import PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches, root_paths
 
+import results_md  # bench/results_md.py: --write-results
+
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic trees (TreeNode rows, as build-trees writes them)
@@ -757,7 +759,7 @@ def main() -> int:
     ap.add_argument("--models", default="tiny", help="--harness: tiny and/or smollm2 (SmolLM2-135M-Instruct, "
                                                      "converted once and cached), comma-separated")
     ap.add_argument("--smollm2-scale", type=float, default=0.02, help="--harness: SmolLM2's (reduced) step size factor")
-    args = ap.parse_args()
+    args = results_md.parse(ap)
     torch.set_num_threads(args.threads)
     if args.small:  # tiny steps (a 180-token system prompt), one round, no subprocess measurements
         args.scale, args.repeats, args.budget, args.models = args.scale or 0.03, 1, 256, "tiny"

@@ -42,6 +42,8 @@ from clawgym.artifacts import (
 )
 from clawgym.trees import build_rollout_tree, read_trees, resolve_config, run_build_trees
 
+import results_md  # bench/results_md.py: --write-results
+
 VOCAB = 151_000
 
 
@@ -204,7 +206,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, help="number of rollouts (default 1000, or 50 with --small)")
     parser.add_argument("--naive-sample", type=int, default=5, help="rollouts the naive baseline builds")
     parser.add_argument("--stage-only", metavar="STEP_DIR", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = results_md.parse(parser)
     if args.stage_only:
         stage_only(args.stage_only)
         return

@@ -9,7 +9,7 @@
 # beside them; a step is finished when its sync.json exists. Rerun the script after Ctrl-C, a crash
 # or a reboot and it resumes: each stage rerun with the same settings continues where it stopped.
 #
-#     bash recipes/pipeline.sh                          # about 8-10 minutes on 2 CPU cores
+#     bash recipes/pipeline.sh                          # toy.toml's 8 steps (docs/results.md)
 #     STEPS=2 N=4 RUN_DIR=/tmp/demo bash recipes/pipeline.sh
 #
 # recipes/retrain-offline.sh then retrains from this run's saved trees with another learning rate.

@@ -45,7 +45,7 @@ INSTRUCTION = "Create a file out.txt containing hi by running a shell command."
 SHELL = {
     "claude-code": ("anthropic", lambda cmd: ("Bash", {"command": cmd, "description": "write out.txt"}), 2, 180, True),
     "codex": ("openai-responses", lambda cmd: ("exec_command", {"cmd": cmd}), 2, 180, True),
-    # OpenClaw starts in 13-45 s here (1.4 GB RSS): one rollout, a generous timeout
+    # OpenClaw starts slowly and heavily (docs/harnesses.md): one rollout, a generous timeout
     "openclaw": ("openai-chat", lambda cmd: ("exec", {"command": cmd}), 1, 420, False),
 }
 COMMANDS = ["echo hi > out.txt", "echo bye > out.txt"]  # sample 0 solves the task, sample 1 does not

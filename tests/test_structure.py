@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -245,3 +246,190 @@ def test_the_old_and_new_name_of_a_rollout_key_together_are_one_clear_error(tmp_
     with pytest.raises(UserError, match="give 'timeout_s' only"):
         load_recipe(tmp_path / "r.toml")
 
+
+
+# --- measured figures live in docs/results.md, written by the commands that measure them ---------
+
+ROOT = SRC.parent
+# A measured figure in prose: a duration introduced as one ("took", "in 8.4 minutes", "about 3 min"),
+# the load a run saw, a rate (tok/s, calls/s, GB/s), a Pass@1 reached, a speed ratio (x0.63, 2.8x).
+# Targets and limits ("under 10 minutes", "Pass@1 above 66.7", "default 600 s") are not matched.
+MEASURED = re.compile("|".join([
+    r"\btook\s+(about\s+|over\s+|~)?\d",
+    r"\bload average\s+(of\s+|about\s+)?\d",
+    r"\bmeasured (on|once)\b",
+    r"\b(about|~|in)\s*\d+(\.\d+)?([–-]\d+(\.\d+)?)?\s+(ms|s|sec|seconds|min|minutes|hours)\b",
+    r"\d\s*(tok(ens)?|calls)/s\b",
+    r"\d\s*[GM]B/s\b",
+    r"Pass@1\s+(from\s+)?\d+(\.\d+)?\s*(→|->|to|with|after)",
+    r"Pass@1\s+\d+\.\d",
+    r"(?<![\w.])x\d+\.\d+\b|\b\d+\.\d+x\b",
+]), re.I)
+
+
+def _results_md():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("clawgym_bench_results_md", ROOT / "bench" / "results_md.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _prose_lines(text: str) -> list[tuple[int, str]]:
+    """Markdown's lines outside code (fenced blocks, and indented blocks after a blank line): examples of
+    output may show figures."""
+    out, fenced, code, prev = [], False, False, ""
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            code = line.startswith("    ") and (code or not prev.strip())
+            if not code:
+                out.append((i, line))
+        prev = line
+    return out
+
+
+def _measured_in_prose() -> list[str]:
+    found = []
+    for p in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        if p.name in ("results.md", "config.md"):
+            continue
+        found += [f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}" for i, line in _prose_lines(p.read_text(encoding="utf-8"))
+                  for m in MEASURED.finditer(line)]
+    for p in sorted((ROOT / "recipes").glob("*.*")):
+        if p.suffix in (".toml", ".sh"):
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.startswith("#"):
+                    break  # the header: the leading comment block
+                found += [f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}" for m in MEASURED.finditer(line)]
+    for p in [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "bench").glob("*.py")), *sorted(SRC.rglob("*.py"))]:
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{p.relative_to(ROOT)}:{getattr(node, 'lineno', 1)}: {m.group(0)!r}"
+                          for _, line in _prose_lines(ast.get_docstring(node) or "") for m in MEASURED.finditer(line)]
+    return found
+
+
+def test_the_measured_figure_check_tells_figures_from_targets():
+    measured = ["in the measured run held-out Pass@1 went from 0 to 16.1 with SFT and to 44.3 after RL, in 8.4 minutes",
+                "Pass@1 0.0 -> 64.6 after SFT", "a toy rollout took 2.8 CPU seconds", "(load average 5–15)", "took about 3 minutes",
+                "OpenClaw starts slowly (about 13–45 s)", "6.9 tokens/s", "24.9 GB/s", "latency x0.63", "2.8x less time",
+                "vLLM's start (about 2-10 minutes here)", "Measured on the shared 2-core machine"]
+    allowed = ["in under 10 minutes on 2 cores", "held-out Pass@1 above 66.7 shows the decision learned",
+               "(default 1800 s)", "8 steps × 64 rollouts", "a 10-minute GPU smoke", "exit 130 after Ctrl-C",
+               "the measured run: docs/results.md", "backoff from 0.5 s",
+               "check it took everything it started with it", "baselines measured in the same run",
+               "the load average before and after", "a budget in 256s (the chunk size)"]
+    assert [s for s in measured if not MEASURED.search(s)] == []
+    assert [s for s in allowed if MEASURED.search(s)] == []
+
+
+def test_readme_docs_recipe_headers_and_docstrings_quote_no_measured_figure():
+    """README, docs/*.md, recipe headers and the docstrings of src/, tests/ and bench/. Figures go to docs/results.md (bench/results_md.py writes it); prose links the section."""
+    assert _measured_in_prose() == []
+
+
+def _command(key: str) -> list[str]:
+    """A results key's argv without the wrappers around the command (env, VAR=VALUE, nice, time)."""
+    argv = shlex.split(key)
+    while argv:
+        if argv[0] == "env" or re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+            argv = argv[1:]
+        elif argv[0] == "nice":
+            argv = argv[3:] if argv[1:2] == ["-n"] else argv[1:]
+        elif argv[0].endswith("/time") or argv[0] == "time":
+            argv = argv[1:]
+            while argv and argv[0].startswith("-"):
+                argv = argv[1:]
+        else:
+            return argv
+    return argv
+
+
+# Runs in one child process: each bench's own parser, given the arguments, with parse(ap) told to stop there.
+PARSE_BENCHES = """
+import json, runpy, sys
+bad = {}
+for key, argv in json.loads(sys.argv[1]).items():
+    sys.argv = argv
+    sys.path.insert(0, "bench")
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+        bad[key] = "ran instead of stopping after parsing"
+    except SystemExit as e:
+        if e.code not in (0, None):
+            bad[key] = f"its arguments do not parse (exit {e.code})"
+print(json.dumps(bad))
+"""
+
+
+def _check_commands(commands: dict[str, list[str]]) -> dict[str, str]:
+    """key -> why its command is not one that runs here, for those that are not."""
+    import json
+    import os
+
+    from typer.testing import CliRunner
+
+    from clawgym.cli import app
+
+    bad, benches = {}, {}
+    for key, argv in commands.items():
+        paths = [a for a in argv if re.match(r"(bench|recipes|tests|scripts)/", a)]
+        if missing := [a for a in paths if not (ROOT / a).exists()]:
+            bad[key] = f"no such file: {missing}"
+        elif argv[:1] == ["python3"] and argv[1:2] and argv[1].startswith("bench/") and argv[1].endswith(".py"):
+            benches[key] = argv[1:]
+        elif argv[:3] == ["python3", "-m", "pytest"] or argv[:1] == ["bash"]:
+            if not paths:
+                bad[key] = "names no file of the repository"
+        elif argv[:1] == ["clawgym"]:
+            res = CliRunner().invoke(app, [*argv[1:], "--help"])
+            if res.exit_code != 0:
+                bad[key] = f"clawgym refuses it: {res.output.strip()[-300:]}"
+        else:
+            bad[key] = "not a bench, a pytest run, a bash script or a clawgym command"
+    proc = subprocess.run([sys.executable, "-c", PARSE_BENCHES, json.dumps(benches)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, _results_md().PARSE_ONLY: "1", "PYTHONPATH": str(SRC)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {**bad, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def test_results_sections_are_generated_and_name_a_command_that_parses():
+    rm = _results_md()
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    found = rm.sections(text)
+    assert found, "docs/results.md has no section"
+    # nothing outside the generated sections but the generated header
+    rest = re.sub(r"<!-- results: .*? -->\n.*?" + re.escape(rm.END), "", text, flags=re.S)
+    assert rest.strip() == rm.HEADER.strip()
+    assert _check_commands({key: _command(key) for key in found}) == {}
+
+
+def test_the_command_check_refuses_what_does_not_parse():
+    bad = _check_commands({k: _command(k) for k in ["python3 bench/train.py --no-such-option", "python3 bench/nope.py",
+                                                    "clawgym no-such-command", "make all", "python3 bench/trees.py --rollouts 3"]})
+    assert sorted(bad) == ["clawgym no-such-command", "make all", "python3 bench/nope.py", "python3 bench/train.py --no-such-option"]
+
+
+def test_every_cited_results_section_exists():
+    keys = set(_results_md().sections((DOCS / "results.md").read_text(encoding="utf-8")))
+    cites = []
+    for p in [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "recipes").glob("*.*"), *(ROOT / "tests").glob("*.py"),
+              *SRC.rglob("*.py")]:
+        text = p.read_text(encoding="utf-8")
+        cites += [(p.relative_to(ROOT), " ".join(m.group(1).split())) for m in re.finditer(r"docs/results\.md,\s+`([^`]+)`", text)]
+    assert cites, "no document cites docs/results.md"
+    assert [c for c in cites if c[1] not in keys] == []
+
+
+def test_the_results_writer_replaces_a_section_in_place(tmp_path):
+    rm = _results_md()
+    path = tmp_path / "results.md"
+    rm.write_section(path, "python3 bench/a.py", "one")
+    rm.write_section(path, "python3 bench/b.py", "two")
+    rm.write_section(path, "python3 bench/a.py", "three")
+    assert rm.sections(path.read_text(encoding="utf-8")) == {"python3 bench/a.py": "## `python3 bench/a.py`\n\nthree\n",
+                                                            "python3 bench/b.py": "## `python3 bench/b.py`\n\ntwo\n"}
+    assert rm.command_key([str(ROOT / "bench" / "train.py"), "--harness", "--write-results"]) == "python3 bench/train.py --harness"

@@ -119,8 +119,10 @@ def duration(seconds: float) -> str:
 def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | None) -> str:
     """One readable line of a step's metrics.jsonl values, e.g.
 
-    step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
-    tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
+        step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
+        tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
+
+    Metrics absent from `values` are left out.
     """
     v = values
     parts = [f"step {step}/{steps}", f"reward {v.get('rollout/reward_mean', 0.0):.3f} ± {v.get('rollout/reward_std', 0.0):.3f}"]

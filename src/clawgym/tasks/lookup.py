@@ -18,7 +18,7 @@ gives partial credit: `answered` (answer.txt exists and is not empty) and `corre
 text is the answer), each worth half.
 
 Names are short on purpose: keys are words that the init-model tokenizer keeps as one token, the
-values are digits, so a small random model can learn the family with SFT and RL in minutes.
+values are digits, so a small model can learn the family's form with SFT in minutes.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from clawgym.tasks.writer import TaskDraft
 KEYS = ("app", "csv", "data", "date", "item", "json", "line", "log", "note", "path", "row", "sum", "text",
         "time", "user", "week")
 ASKED = KEYS[:4]
-"""the keys an instruction asks for; the other twelve fill the files around them. The quickstart's
-small random model does not learn to copy the key within its SFT budget; with four to choose from its
-guess is right one time in four (docs/recipes.md, the quickstart's measured run)."""
+"""the keys an instruction asks for; the other twelve fill the files around them. With four to choose
+from, a policy that has not learned to copy the key from the instruction guesses it right one time in
+four (docs/tasks.md, `lookup`)."""
 FILES = ("a.txt", "b.txt", "c.txt")
 LINES_PER_FILE = 2
 ANSWER = "answer.txt"

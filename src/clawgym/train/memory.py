@@ -14,7 +14,7 @@
   elements; activation checkpointing keeps only the layer input (h) and recomputes one layer at a time.
 - the LM head runs on trainable tokens only (packing.py), `head_chunk` of them at a time
   (lm_head.py): one chunk's vocabulary tensors (bf16 and fp32 logits and the backward's two fp32
-  buffers, 16 B × vocab per row; 16.4 measured on CPU by bench/train.py --head) and one weight-sized
+  buffers, 16 B × vocab per row; docs/results.md, `python3 bench/train.py --harness`, has it measured) and one weight-sized
   gradient of the chunk beside the summed one, per micro-batch whatever its length; per trainable
   token only the hidden row the chunk is recomputed from (4 B × hidden) and its results.
   Unchunked (`head_chunk` 0): bf16 logits, fp32 logits, log-softmax and its exp, 14 B × vocab per

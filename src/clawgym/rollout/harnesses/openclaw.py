@@ -4,7 +4,7 @@ From driving the real program (docs/harnesses.md, "openclaw"): OpenClaw needs No
 Node 20 npm silently installs an empty 0.0.1 placeholder), so we install Node 24 from npm next to
 it. `agent exec` is its headless entry point; a per-run JSON5 config points a custom provider at
 the proxy. It rewrites tool-call ids (drops `_`), which the proxy's matching tolerates. Start-up is
-slow (13–45 s and ~1.4 GB RSS on 2 cores): give it a generous timeout.
+slow (tens of seconds and over a gigabyte of RSS on a small machine): give it a generous timeout.
 """
 
 from __future__ import annotations
