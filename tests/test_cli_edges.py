@@ -453,25 +453,28 @@ def test_keep_last_is_a_run_key_left_out_of_old_recipes(tmp_path: Path) -> None:
 def test_a_steps_rollout_metrics_have_lengths_turns_and_a_sample_std(step_dir: Path) -> None:
     import statistics
 
-    from clawgym import metric_names as M
+    from clawgym import metrics as M
     from clawgym.layout import StepLayout
-    from clawgym.loop import rollout_values, trees_values
     from clawgym.train.step_metrics import REDUCTIONS
 
-    values = rollout_values(StepLayout(step_dir))
+    values = M.rollout_values(StepLayout(step_dir))
     rollouts = A.read_table(step_dir / "rollouts.parquet", A.RolloutRecord)
     calls = A.read_table(step_dir / "calls.parquet", A.CallRecord)
     lengths = [sum(len(c.output_ids) for c in calls if c.rollout_id == r.rollout_id) for r in rollouts]
     assert values[M.RESPONSE_LENGTH_MEAN] == statistics.fmean(lengths) > 0 and values[M.RESPONSE_LENGTH_MAX] == max(lengths)
     assert values[M.TURNS_MEAN] == statistics.fmean(r.n_calls for r in rollouts) >= 1
     assert values[M.REWARD_STD] == statistics.stdev(r.reward for r in rollouts)
-    written = [*values, *trees_values(StepLayout(step_dir)), *REDUCTIONS, "eval/pass@1", "eval/pass@1/numbers", "time/step_s"]
+    written = [*values, *M.trees_values(StepLayout(step_dir)), *REDUCTIONS, "eval/pass@1", "eval/pass@1/numbers", "time/step_s"]
     assert [k for k in written if not M.is_known(k)] == []
     assert not M.is_known("rollout/new_thing") and not M.is_known("stuff/x")
+    from clawgym.console import FIELDS, TOKENS_SAVED, TREE_RATIO
+
+    shown = [*(key for key, _ in FIELDS), TREE_RATIO, TOKENS_SAVED, *M.COLD_START_KEYS, *(p.key for p in M.PHASES)]
+    assert [k for k in shown if not M.is_known(k)] == []  # what the step lines read is a key a step writes
 
 
 def test_every_peer_name_is_in_the_docs() -> None:
-    from clawgym import metric_names as M
+    from clawgym import metrics as M
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text(encoding="utf-8")
     for key, (trl, verl) in M.PEERS.items():

@@ -76,9 +76,7 @@ def test_harness_options_and_engine_options_are_kept(tmp_path: Path) -> None:
 
 
 def test_ray_section_reaches_the_rollout_config(tmp_path: Path) -> None:
-    from clawgym.loop import rollout_config
-
     r = load_recipe(_recipe(tmp_path, '[ray]\naddress = "local"\nnum_cpus = 0.5\nproxy_host = "0.0.0.0"\n'))
-    cfg = rollout_config(r, tmp_path / "out", 1, 0)
+    cfg = r.rollout_config(tmp_path / "out", 1, 0)
     assert (cfg.ray, cfg.ray_num_cpus, cfg.proxy_host) == ("local", 0.5, "0.0.0.0")
     assert '[ray]\naddress = "local"\nnum_cpus = 0.5' in recipe_to_toml(r)

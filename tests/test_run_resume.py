@@ -92,6 +92,29 @@ def test_a_finished_run_refuses_to_restart_and_a_changed_recipe_to_resume(tmp_pa
         _prepare(load_recipe(recipe), resume=True)
 
 
+def test_a_step_trained_before_a_resume_is_reported_from_its_train_jsonl_without_training(tmp_path: Path, monkeypatch) -> None:
+    import clawgym.train.loop
+    from clawgym.loop import run
+
+    recipe = write_recipe(tmp_path, "report", steps=1)
+    first = clawgym_run(recipe)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err.decode()[-2000:]
+    metrics = tmp_path / "runs" / "report" / "metrics.jsonl"
+    [line] = A.read_metrics(metrics)
+    metrics.unlink()  # killed after the step's checkpoint, before its metrics line
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("train() was called for a step whose checkpoint is complete")
+
+    monkeypatch.setattr(clawgym.train.loop, "train", refuse)
+    [again] = run(recipe, resume=True)
+    measured = ("time/", "proxy/")  # phase times and the engine's cache counters belong to the process that ran the step
+    assert again.step == 1 and any(k.startswith("train/") for k in again.values)
+    assert {k: v for k, v in again.values.items() if not k.startswith(measured)} == \
+        {k: v for k, v in line.values.items() if not k.startswith(measured)}
+
+
 @pytest.mark.slow
 def test_mix_harness_keeps_groups_per_harness_and_reports_each(tmp_path: Path) -> None:
     from clawgym.rollout.harnesses import HARNESSES

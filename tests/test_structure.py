@@ -136,16 +136,17 @@ def test_harness_names_match_the_registry():
 
 def test_every_config_field_has_help_and_docs_config_md_is_generated_from_them():
     from clawgym import config
+    from clawgym.proxy.config import ProxyConfig
     from clawgym.rollout.config import RolloutConfig
     from clawgym.train.config import TrainConfig
 
-    for cls in [*config._SECTIONS.values(), TrainConfig, RolloutConfig]:
+    for cls in [*config._SECTIONS.values(), TrainConfig, RolloutConfig, ProxyConfig]:
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
     text = (DOCS / "config.md").read_text(encoding="utf-8")
     generated = config.reference_markdown()
     assert text.split(config.GENERATED_MARK, 1)[1] == generated, "regenerate it: python -m clawgym.config docs/config.md"
-    for cls in [*config._SECTIONS.values(), TrainConfig, RolloutConfig]:
+    for cls in [*config._SECTIONS.values(), TrainConfig, RolloutConfig, ProxyConfig]:
         for f in dataclasses.fields(cls):
             assert f"| `{f.name}` |" in text
 
@@ -201,6 +202,36 @@ def test_clawgym_rollout_and_eval_have_one_option_per_rollout_config_field(comma
     assert ROLLOUT_SKIP == {"verifier"}  # its options are JudgeChoice's
     _options_match_fields(command, [RolloutConfig, JudgeChoice, EngineShorthands], ROLLOUT_REQUIRED, ROLLOUT_SKIP,
                           own_defaults={"n": EvalSection} if command == "eval" else None)
+
+
+def test_clawgym_serve_proxy_has_one_option_per_proxy_config_field_and_build_trees_the_trees_section():
+    from clawgym.config import TreesSection
+    from clawgym.proxy.config import SERVE_SKIP, ProxyConfig
+
+    _options_match_fields("serve-proxy", [ProxyConfig], ["--model", "m"], SERVE_SKIP)
+    _options_match_fields("build-trees", [TreesSection], [])
+    from clawgym.fields import default_of, field_of
+    from clawgym.trees import DEFAULT_MAX_LEAVES
+
+    assert default_of(field_of(TreesSection, "max_leaves")) == DEFAULT_MAX_LEAVES  # the library's default for its callers
+
+
+def test_a_recipe_section_key_has_its_stage_configs_type_help_and_default_but_where_it_says():
+    import typing
+
+    from clawgym import config
+    from clawgym.fields import default_of, field_of, help_of
+    from clawgym.rollout.config import JudgeChoice, RolloutConfig
+
+    owners = {**{f.name: RolloutConfig for f in dataclasses.fields(RolloutConfig)}, "judge_url": JudgeChoice, "judge_model": JudgeChoice}
+    own_default = {"tasks": None, "n": 8, "concurrency": 8}  # an [offline] recipe has no tasks; a run's group is 8
+    hints = typing.get_type_hints(config.RolloutSection)
+    for f in dataclasses.fields(config.RolloutSection):
+        owner = field_of(owners[f.name], f.name)
+        assert help_of(f) == help_of(owner), f.name
+        assert default_of(f) == own_default.get(f.name, default_of(owner)), f.name
+        if f.name != "tasks":
+            assert hints[f.name] == typing.get_type_hints(owners[f.name])[f.name], f.name
 
 
 def test_the_old_rollout_flags_still_give_the_fields_their_values(tmp_path):

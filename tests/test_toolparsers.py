@@ -311,9 +311,7 @@ def test_recipe_engine_tool_parser(tmp_path: Path) -> None:
     path.write_text(head + '[engine]\nname = "hf"\ntool_parser = "json-list"\ndtype = "float32"\n')
     r = load_recipe(path)
     assert r.engine.tool_parser == "json-list" and r.engine.options == {"dtype": "float32"}  # not an engine option
-    from clawgym.loop import rollout_config
-
-    assert rollout_config(r, tmp_path / "step", 1, 0).tool_parser == "json-list"  # what the run's proxy is started with
+    assert r.rollout_config(tmp_path / "step", 1, 0).tool_parser == "json-list"  # what the run's proxy is started with
     saved = tmp_path / "saved.toml"
     saved.write_text(recipe_to_toml(r))
     assert load_recipe(saved).engine.tool_parser == "json-list"

@@ -23,9 +23,10 @@ from clawgym import __version__
 from clawgym.console import STDERR
 from clawgym.console import console as out_console
 from clawgym.errors import UserError
-from clawgym.config import EvalSection
+from clawgym.config import EvalSection, TreesSection
 from clawgym.fields import cli_parameters, key_values, option, parse_cli
 from clawgym.layout import StepLayout
+from clawgym.proxy.config import SERVE_SKIP, ProxyConfig
 from clawgym.rollout.config import JudgeChoice, RolloutConfig
 from clawgym.train.config import TrainConfig
 
@@ -134,26 +135,13 @@ def init_model(
 # --- serving -----------------------------------------------------------------------------------
 
 
-@app.command("serve-proxy")
 def serve_proxy(
-    model: Path = typer.Option(..., "--model", help="Model directory (HF format; its tokenizer and chat template render prompts)."),
-    engine: str = typer.Option("hf", help="Engine: hf (transformers, CPU default), scripted (texts from --script / the admin API), vllm (in process), remote (--engine-url)."),
     engine_url: Optional[str] = typer.Option(None, help="Remote engine: vLLM or SGLang server URL(s), comma-separated; rollouts stick to one."),
-    engine_option: list[str] = typer.Option([], help="KEY=VALUE engine option, repeatable; VALUE is JSON when it parses (e.g. dtype=float32, enable_sleep_mode=true)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback by default."),
-    port: int = typer.Option(8000, help="Port (0 picks a free one)."),
-    records: Path = typer.Option(Path("records"), help="Directory for the per-rollout call records (ROLLOUT.jsonl)."),
     script: Optional[Path] = typer.Option(None, help="Scripted engine: JSONL of {rollout_id, text|error, delay_s} items."),
-    admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="Admin token (default: a random one, printed)."),
-    api_key: Optional[str] = typer.Option(None, envvar="CLAWGYM_PROXY_API_KEY", help="A shared key any rollout id may use (rollouts register on first call)."),
-    max_context: Optional[int] = typer.Option(None, help="Override the model's context window in tokens."),
-    ping_interval: float = typer.Option(5.0, help="Seconds between SSE keep-alive pings while the engine generates."),
-    policy_version: int = typer.Option(0, min=0, help="Policy version of --model, recorded on every call until a sync (a restarted pipeline serves step N's checkpoint as N)."),
-    tool_parser: str = typer.Option("auto", help="Tool-call parser: auto (from the chat template), hermes, json-list, llama3-json (docs/engines.md)."),
-    chat_template: Optional[str] = typer.Option(None, "--chat-template", metavar="FILE", help=_CHAT_TEMPLATE_HELP),
     ready_file: Optional[Path] = typer.Option(None, "--ready-file", metavar="PATH", help="Once listening, write PATH: one JSON "
                                               "object {url, port, admin_url, admin_token, records, model, engine, pid} (mode 0600: it holds the token)."),
     json_out: bool = typer.Option(False, "--json", help="Print the ready line as that JSON object on stdout instead of the human lines."),
+    **options: Any,
 ) -> None:
     """Serve the policy to agent harnesses (Anthropic Messages, OpenAI Chat and Responses) and record every call.
 
@@ -163,17 +151,17 @@ def serve_proxy(
 
     Example: clawgym serve-proxy --model models/tiny --engine remote --engine-url http://127.0.0.1:8100
     """
-    from clawgym.proxy import ProxyConfig, serve
+    from clawgym.proxy import serve
 
+    values = parse_cli(ProxyConfig, options)
+    model, host, records = values["model_dir"], values["host"], values["records_dir"]
     if not (model / "config.json").exists():
         raise UserError(f"--model {model} is not a model directory (no config.json); make one with `clawgym init-model`")
-    options = {"script": str(script)} if script else {}
-    if engine_url:
-        options["engine_url"] = engine_url
-    options.update(key_values(engine_option, "--engine-option"))
-    config = ProxyConfig(model_dir=model, engine=engine, host=host, port=port, records_dir=records, admin_token=admin_token,
-                         api_key=api_key, max_context=max_context, ping_interval_s=ping_interval, engine_options=options,
-                         policy_version=policy_version, tool_parser=tool_parser, chat_template=chat_template)
+    # the two shorthands first, so an --engine-option of the same key wins
+    values["engine_options"] = {**({"script": str(script)} if script else {}), **({"engine_url": engine_url} if engine_url else {}),
+                                **values["engine_options"]}
+    config = ProxyConfig(**values)
+    engine = config.engine
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning:[/] binding {host}: every host that reaches it can call the model (keys still required)")
 
@@ -197,12 +185,18 @@ def serve_proxy(
             return
         typer.echo(f"serving {model} ({engine}) on {url}; records in {records}; "
                    f"tool parser {server.tool_parser}: {server.tool_parser_source}")
-        if admin_token is None:
+        if config.admin_token is None:
             typer.echo(f"admin token: {server.admin_token}")
 
     stopped_by = serve(config, ready=ready)
     if stopped_by is not None:  # the proxy drained and stopped; main() gives the signal's status
         _SIGNALS.append(stopped_by)
+
+
+# serve-proxy's options are ProxyConfig's fields (clawgym.fields) but those it leaves to embedders,
+# before the engine shorthands and --ready-file: one default and help each, listed in docs/config.md.
+_with_fields(serve_proxy, ProxyConfig, skip=SERVE_SKIP)
+app.command("serve-proxy")(serve_proxy)
 
 
 # --- collect -----------------------------------------------------------------------------------
@@ -278,17 +272,16 @@ app.command("rollout")(rollout)
 # --- reconstruct -------------------------------------------------------------------------------
 
 
-@app.command("build-trees")
 def build_trees(
     step_dir: Optional[Path] = typer.Argument(None, help="A step directory: reads calls.parquet and rollouts.parquet there, writes trees.parquet."),
     calls: Optional[Path] = typer.Option(None, help="calls.parquet (overrides STEP_DIR's)."),
     rollouts: Optional[Path] = typer.Option(None, help="rollouts.parquet (overrides STEP_DIR's)."),
     out: Optional[Path] = typer.Option(None, help="trees.parquet to write (overrides STEP_DIR's)."),
-    max_leaves: int = typer.Option(64, min=1, help="Drop a rollout whose tree has more leaves than this (over-branching)."),
     metrics: Optional[Path] = typer.Option(None, help="metrics.jsonl to append the trees/ line to (default for a step-NNNN dir: the run's)."),
     step: Optional[int] = typer.Option(None, help="Step number of the metrics line (default: from STEP_DIR's name or the rollouts)."),
     force: bool = typer.Option(False, "--force", help="Rebuild when --out was built with other settings (and append its metrics line)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    **options: Any,
 ) -> None:
     """Rebuild each rollout's calls into one prefix tree over token ids, filter it, and report.
 
@@ -303,7 +296,7 @@ def build_trees(
     from clawgym.settings import check_rerun
     from clawgym.trees import resolve_config, run_build_trees
 
-    config = resolve_config(step_dir, calls, rollouts, out, max_leaves, metrics, step)
+    config = resolve_config(step_dir, calls, rollouts, out, options["max_leaves"], metrics, step)
     if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)):
         # the same trees again: rebuilt (cheap, exact), but its metrics line is written once
         made = config.step if config.step is not None else orjson.loads(config_beside(Path(config.out)).read_bytes()).get("step")
@@ -319,6 +312,11 @@ def build_trees(
         report(f"{values['trees/rollouts_kept']:.0f} of {len(stats.rollouts)} rollouts kept, "
                f"{values['trees/trainable_tokens']:.0f} trainable tokens; wrote {config.out}",
                {"trees": Path(config.out).resolve(), **{k.removeprefix("trees/"): v for k, v in values.items()}})
+
+
+# --max-leaves is the recipe's [trees] field: one default and help for both
+_with_fields(build_trees, TreesSection)
+app.command("build-trees")(build_trees)
 
 
 # --- optimize ----------------------------------------------------------------------------------

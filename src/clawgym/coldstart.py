@@ -17,9 +17,7 @@ as the paper's Table 1: rows base, SFT, SFT+RL; columns the task categories.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Callable
 
 import orjson
 from rich.console import Console
@@ -30,72 +28,40 @@ from clawgym.eval import pass_table
 from clawgym.layout import RunLayout
 
 
-def _eval(recipe: Recipe, run: RunLayout, label: str, policy: Path, console: Console, rollout_config: Callable) -> None:
+def _eval(recipe: Recipe, run: RunLayout, label: str, policy: Path, console: Console) -> None:
     from clawgym.eval import evaluate
 
     out = run.eval(label)
     if out.eval_json.exists():
         return
     console.rule(f"eval: {label} policy")
-    cfg = rollout_config(recipe, out.path, 0, 0, tasks=recipe.eval.tasks or recipe.rollout.tasks, n=recipe.eval.n,
-                         harnesses=recipe.eval.harnesses or None)
-    evaluate(dataclasses.replace(cfg, model=policy, id_prefix=f"e-{label}."), console).print(console)
+    evaluate(recipe.eval_config(out.path, 0, f"e-{label}.", model=policy), console).print(console)
 
 
-def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console, rollout_config: Callable) -> Path:
-    """Run the stages above (each only if not yet done); returns the SFT checkpoint.
-
-    `rollout_config` is the loop's (recipe, out, step, policy_version, tasks=, n=, harnesses=) -> RolloutConfig.
-    """
+def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console) -> Path:
+    """Run the stages above (each only if not yet done); returns the SFT checkpoint. The step-0
+    metrics line of what it did is `metrics.cold_start_values`."""
     sft = recipe.sft
     sdir = run.sft
-    ckpt = sdir.checkpoint
     evals = recipe.eval.every > 0
     if evals:
-        _eval(recipe, run, "base", policy, console, rollout_config)
+        _eval(recipe, run, "base", policy, console)
     if not sdir.rollouts.exists():
         from clawgym.rollout.runner import run_rollouts
 
         console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
-        cfg = rollout_config(recipe, sdir.path, 0, 0, tasks=sft.tasks or recipe.rollout.tasks, n=sft.n,
-                             harnesses=sft.harnesses or None)
-        options = {"family": sft.family} if sft.engine == "teacher" else dict(recipe.engine.options)
-        run_rollouts(dataclasses.replace(cfg, model=policy, engine=sft.engine, engine_options=options, id_prefix="sft."), console)
+        run_rollouts(recipe.sft_rollout_config(policy), console)
     if not sdir.trees.exists():
         from clawgym.trees import resolve_config, run_build_trees
 
         run_build_trees(resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, 0), console)
-    from clawgym.train.loop import TrainConfig, train
+    from clawgym.train.loop import train
 
-    shared = {k: v for k, v in recipe.train.items() if k in ("token_budget", "attention", "max_grad_norm", "aggregation")}
-    train(TrainConfig(trees=sdir.trees, rollouts=sdir.rollouts, model=policy, out=ckpt,
-                      metrics=sdir.train_metrics, resume=True, algo="sft", lr=sft.lr, epochs=sft.epochs,
-                      minibatches=sft.minibatches, min_reward=sft.min_reward, seed=recipe.run.seed, **shared), console)
-    # (train with resume=True keeps a complete checkpoint as it is)
+    cfg = recipe.sft_train_config(policy)
+    train(cfg, console)  # (with resume=True a complete checkpoint is kept as it is)
     if evals:
-        _eval(recipe, run, "sft", ckpt, console, rollout_config)
-    return ckpt
-
-
-def sft_values(run: RunLayout) -> dict[str, float]:
-    """The cold start's numbers for the step-0 metrics line: teacher reward, SFT loss, base and SFT Pass@1."""
-    values: dict[str, float] = {}
-    sdir = run.sft
-    rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
-    scored = [r.reward for r in rollouts if r.reward is not None]
-    values["rollout/teacher_n"] = len(rollouts)
-    values["rollout/teacher_reward_mean"] = sum(scored) / len(scored) if scored else 0.0
-    lines = A.read_jsonl(sdir.train_metrics).records if sdir.train_metrics.exists() else []
-    losses = [r["train/loss"] for r in lines if "train/loss" in r]
-    if losses:
-        values["train/sft_loss_first"], values["train/sft_loss_last"] = losses[0], losses[-1]
-    for label, prefix in (("base", "eval/base/"), ("sft", "eval/")):
-        path = run.eval(label).eval_json
-        if path.exists():
-            doc = orjson.loads(path.read_bytes())
-            values[f"{prefix}pass@1"] = doc["pass@1"]
-            values.update({f"{prefix}pass@1/{c}": v for c, v in doc["per_category"].items()})
-    return values
+        _eval(recipe, run, "sft", cfg.out, console)
+    return cfg.out
 
 
 def write_table(run: RunLayout, console: Console) -> Path | None:

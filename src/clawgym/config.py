@@ -17,6 +17,12 @@
 Every key is checked: an unknown section or key, or a value of the wrong type, is a `UserError`
 naming the file, the section and the key. Paths are relative to the recipe's folder. The resolved
 recipe (defaults filled, paths absolute) is saved in the run directory as recipe.toml.
+
+A recipe becomes the stages' configs only through its methods: `Recipe.rollout_config` (a step's
+rollouts; `eval_config`, `sft_rollout_config` for an evaluation and the teacher), `train_config`
+(a step's training) and `sft_train_config` (the cold start's). A section key that is a stage
+config's field is declared with `same_as`, so its help and default have one owner (the stage
+config); where the recipe's default differs on purpose, the section says so beside the key.
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawgym.engines.registry import ENGINES
 from clawgym.errors import UserError, did_you_mean
-from clawgym.fields import default_of, help_of, option, reference
+from clawgym.fields import default_of, field_of, option, reference, same_as
+from clawgym.layout import RunLayout
+from clawgym.offline import train_kwargs
+from clawgym.proxy.config import SERVE_SKIP, ProxyConfig
 from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
 from clawgym.model import SIZES
 from clawgym.pretrained import PRETRAINED
@@ -57,39 +67,45 @@ class ModelSection:
 
 @dataclass
 class EngineSection:
-    name: str = option("hf", "the proxy's engine: hf | scripted | teacher | vllm | remote (docs/engines.md)")
-    tool_parser: str = option("auto", "the proxy's tool-call parser: auto (from the chat template) or a name in clawgym.proxy.toolparse.PARSERS")
-    chat_template: str | None = option(None, "a Jinja file (relative to the recipe) or a shipped template name replacing the model's (templates.py)")
+    """[engine]: the proxy's engine, parser and template (RolloutConfig's fields), and the engine's options."""
+
+    name: str = same_as(RolloutConfig, "engine", help=f"the proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
+    tool_parser: str = same_as(RolloutConfig, "tool_parser", help="the proxy's tool-call parser: auto (from the chat template) "
+                                                                  "or a name in clawgym.proxy.toolparse.PARSERS")
+    chat_template: str | None = same_as(RolloutConfig, "chat_template", help="a Jinja file (relative to the recipe) or a shipped "
+                                                                             "template name replacing the model's (templates.py)")
     options: dict[str, Any] = option(help="every other key of [engine]: the engine's options (docs/engines.md)", factory=dict)
 
 
-# [rollout]: RolloutConfig's own fields (names, types, help), with the recipe's defaults; the loop
-# fills the rest (out, step, the engine's and Ray's from their sections). JudgeChoice's two keys build the verifier.
-ROLLOUT_KEYS = {"tasks": None, "harnesses": ["agentloop"], "n": 8, "concurrency": 8, "timeout_s": None, "sandbox": "local",
-                "network": "auto", "harness_options": {}, "tasks_per_step": 0}
+@dataclass
+class RolloutSection:
+    """[rollout]: the RolloutConfig fields (rollout/config.py) a recipe sets, plus the judge's two
+    (JudgeChoice); `Recipe.rollout_config` fills the rest from the step and the other sections."""
+
+    tasks: Path | None = same_as(RolloutConfig, "tasks", default=None)  # None: an [offline] recipe collects nothing
+    harnesses: list[str] = same_as(RolloutConfig, "harnesses")
+    # a run's default group and pool are 8 rollouts per task (GRPO needs several); `clawgym rollout`'s are 1 and 4
+    n: int = same_as(RolloutConfig, "n", default=8)
+    concurrency: int = same_as(RolloutConfig, "concurrency", default=8)
+    timeout_s: float | None = same_as(RolloutConfig, "timeout_s")
+    sandbox: str = same_as(RolloutConfig, "sandbox")
+    network: str = same_as(RolloutConfig, "network")
+    harness_options: dict[str, dict[str, Any]] = same_as(RolloutConfig, "harness_options")
+    tasks_per_step: int = same_as(RolloutConfig, "tasks_per_step")
+    judge_url: str | None = same_as(JudgeChoice, "judge_url")
+    judge_model: str = same_as(JudgeChoice, "judge_model")
+
+
 RENAMED_KEYS = {"rollout": {"timeout": "timeout_s"}}
 """recipe keys that were renamed to their stage config's field: the old name still loads"""
 
 
-def _rollout_field(f: dataclasses.Field) -> tuple[str, Any, Any]:
-    default = ROLLOUT_KEYS[f.name]
-    kind = Path | None if f.name == "tasks" else f.type  # the section may leave tasks to [offline]
-    if isinstance(default, (list, dict)):
-        return f.name, kind, option(help=help_of(f), factory=lambda d=default: type(d)(d))
-    return f.name, kind, option(default, help_of(f))
-
-
-RolloutSection = dataclasses.make_dataclass("RolloutSection", [
-    *(_rollout_field(f) for f in dataclasses.fields(RolloutConfig) if f.name in ROLLOUT_KEYS),
-    *((f.name, f.type, option(default_of(f), help_of(f))) for f in dataclasses.fields(JudgeChoice)),
-])
-RolloutSection.__doc__ = "[rollout]: fields of RolloutConfig (rollout/config.py) with the recipe's defaults, plus the judge."
-RolloutSection.__module__ = __name__
-
-
 @dataclass
 class TreesSection:
-    max_leaves: int = option(64, "a rollout whose tree has more leaves than this is dropped")
+    """[trees]: build-trees' settings; `clawgym build-trees` takes the same field as an option."""
+
+    # Paper §3.2.2 gives no number. A Claude-Code-like rollout with 3 subagents, a compaction and 2 retries has about 8 leaves.
+    max_leaves: int = option(64, "a rollout whose tree has more leaves than this is dropped (over-branching)", minimum=1)
 
 
 @dataclass
@@ -102,22 +118,34 @@ class EvalSection:
 
 @dataclass
 class RaySection:
-    address: str | None = option(None, "run each rollout as a Ray task: auto | local | HOST:PORT | ray://HOST:PORT (docs/scale.md)")
-    num_cpus: float = option(1.0, "CPUs each rollout task asks Ray for")
-    proxy_host: str = option("127.0.0.1", "where the run's proxy listens: 0.0.0.0 on a multi-node cluster, so the worker nodes reach it")
+    """[ray]: RolloutConfig's Ray fields (ray, ray_num_cpus, proxy_host) under the section's own names."""
+
+    address: str | None = same_as(RolloutConfig, "ray", help="run each rollout as a Ray task: auto | local | HOST:PORT | "
+                                                               "ray://HOST:PORT (docs/scale.md)")
+    num_cpus: float = same_as(RolloutConfig, "ray_num_cpus")
+    proxy_host: str = same_as(RolloutConfig, "proxy_host", help="where the run's proxy listens: 0.0.0.0 on a multi-node cluster, "
+                                                               "so the worker nodes reach it")
 
 
 @dataclass
 class SftSection:
+    """[sft]: the cold start's teacher rollouts, and the TrainConfig fields of its `train --algo sft`
+    (with the cold start's own defaults: a few passes at a high rate over a handful of trajectories)."""
+
     n: int = option(0, "teacher trajectories per task–harness pair; 0 = no cold start")
     tasks: Path | None = option(None, "default: the rollout tasks")
     harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
     engine: str = option("teacher", "the engine that plays the teacher, serving the student's tokenizer")
     family: str | None = option(None, "the teacher engine's task family (docs/tasks.md)")
-    epochs: int = option(4, "passes over the teacher trajectories")
-    minibatches: int = option(4, "optimizer steps per epoch")
-    lr: float = option(1e-3, "the cold start's learning rate")
-    min_reward: float = option(1.0, "train only on teacher trajectories scoring at least this")
+    epochs: int = same_as(TrainConfig, "epochs", default=4, help="passes over the teacher trajectories")
+    minibatches: int = same_as(TrainConfig, "minibatches", default=4, help="optimizer steps per epoch")
+    lr: float = same_as(TrainConfig, "lr", default=1e-3, help="the cold start's learning rate")
+    min_reward: float = same_as(TrainConfig, "min_reward", help="train only on teacher trajectories scoring at least this")
+
+
+SFT_SHARED_TRAIN_KEYS = ("token_budget", "attention", "max_grad_norm", "aggregation")
+"""[train] keys the cold start's training takes too (how batches are packed and clipped); every
+other TrainConfig field of the cold start is [sft]'s or TrainConfig's default"""
 
 
 @dataclass
@@ -145,7 +173,9 @@ class Recipe:
     rollout: RolloutSection
     trees: TreesSection
     train: dict[str, Any]
-    """TrainConfig fields (validated against it)"""
+    """[train]: the TrainConfig fields the recipe sets, by name, checked against TrainConfig's types
+    (only those given: the saved recipe and an [offline] replay's overrides name exactly these);
+    `train_config` makes the step's TrainConfig, every other field at TrainConfig's default"""
     eval: EvalSection
     sft: SftSection
     offline: OfflineSection
@@ -155,6 +185,67 @@ class Recipe:
     @property
     def run_dir(self) -> Path:
         return self.run.dir or self.path.parent / "runs" / self.run.name
+
+    def rollout_config(self, out: Path, step: int, policy_version: int, *, model: Path | None = None) -> RolloutConfig:
+        """Step `step`'s rollouts into `out`, by the policy `policy_version` (`model`: served by a
+        proxy the stage starts): [rollout]'s keys and judge, [engine], [ray], the step's draw of tasks."""
+        return self._rollout(out, step=step, policy_version=policy_version, model=model,
+                             tasks_per_step=self.rollout.tasks_per_step)
+
+    def eval_config(self, out: Path, policy_version: int, id_prefix: str, *, model: Path | None = None) -> RolloutConfig:
+        """An evaluation of the policy `policy_version`: every [eval] task (default: the rollout tasks),
+        [eval] n samples each, with [eval]'s harnesses (default: the rollout harnesses)."""
+        e = self.eval
+        return self._rollout(out, tasks=e.tasks or self.rollout.tasks, n=e.n or self.rollout.n,
+                             harnesses=e.harnesses or self.rollout.harnesses, policy_version=policy_version,
+                             id_prefix=id_prefix, model=model)
+
+    def sft_rollout_config(self, model: Path) -> RolloutConfig:
+        """The cold start's teacher rollouts into RUN/sft: [sft]'s tasks, n, harnesses and engine
+        (the teacher engine serves the task family, any other the [engine] options), `model`'s tokenizer."""
+        s = self.sft
+        options = {"family": s.family} if s.engine == "teacher" else dict(self.engine.options)
+        return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks, n=s.n or self.rollout.n,
+                             harnesses=s.harnesses or self.rollout.harnesses, model=model, engine=s.engine,
+                             engine_options=options, id_prefix="sft.")
+
+    def _rollout(self, out: Path, **given: Any) -> RolloutConfig:
+        """The RolloutConfig of [rollout] (its keys are RolloutConfig's fields), [engine] and [ray],
+        with `given` fields set over them; an evaluation or the teacher runs every task (tasks_per_step 0)."""
+        ro, engine, ray = self.rollout, self.engine, self.ray
+        keys = {f.name: getattr(ro, f.name) for f in dataclasses.fields(RolloutSection) if f.name in _ROLLOUT_FIELDS}
+        return RolloutConfig(**{**keys, "out": out, "engine": engine.name, "engine_options": dict(engine.options),
+                                "chat_template": engine.chat_template, "tool_parser": engine.tool_parser,
+                                "verifier": JudgeChoice(ro.judge_url, ro.judge_model).verifier(), "ray": ray.address,
+                                "ray_num_cpus": ray.num_cpus, "proxy_host": ray.proxy_host, "tasks_per_step": 0, **given})
+
+    def train_config(self, step: int, policy: Path) -> TrainConfig:
+        """Step `step`'s training of `policy` on the step's trees into its checkpoint (a complete one
+        is kept): [train]'s keys, the seed `[run] seed + step` unless [train] gives one; an [offline]
+        recipe's step trains with the settings its `from_run` recorded, changed where [train] says."""
+        settings = {"seed": self.run.seed + step, **self.train}
+        if self.offline.from_run is not None:
+            settings = train_kwargs(RunLayout(self.offline.from_run), step, self.train)
+        return _train_config(RunLayout(self.run_dir).step(step), policy, settings)
+
+    def sft_train_config(self, policy: Path) -> TrainConfig:
+        """The cold start's `train --algo sft` of `policy` on the teacher trees in RUN/sft: [sft]'s
+        epochs, minibatches, lr and min_reward, the run's seed, and [train]'s `SFT_SHARED_TRAIN_KEYS`."""
+        s = self.sft
+        shared = {k: v for k, v in self.train.items() if k in SFT_SHARED_TRAIN_KEYS}
+        return _train_config(RunLayout(self.run_dir).sft, policy, {"algo": "sft", "lr": s.lr, "epochs": s.epochs,
+                                                                    "minibatches": s.minibatches, "min_reward": s.min_reward,
+                                                                    "seed": self.run.seed, **shared})
+
+
+_ROLLOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(RolloutConfig))
+
+
+def _train_config(sdir, policy: Path, settings: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig over the folder's trees (a StepLayout: a step's or the cold start's), writing
+    its checkpoint and train.jsonl, resuming an interrupted call and keeping a complete one."""
+    return TrainConfig(trees=sdir.trees, rollouts=sdir.rollouts, model=policy, out=sdir.checkpoint, metrics=sdir.train_metrics,
+                       resume=True, **settings)
 
 
 _SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, "rollout": RolloutSection,
@@ -302,16 +393,16 @@ def _engine_section(table: dict, where: str) -> EngineSection:
     """[engine]: name, tool_parser and chat_template are the proxy's; every other key is an engine option."""
     from clawgym.proxy.toolparse import check_name
 
-    known = {"name": str, "tool_parser": str, "chat_template": str}
-    for key, kind in known.items():
-        if key in table and not isinstance(table[key], kind):
+    known = [f.name for f in dataclasses.fields(EngineSection) if f.name != "options"]
+    for key in known:
+        if key in table and not isinstance(table[key], str):
             raise UserError(f"{where} key '{key}' must be str, got {type(table[key]).__name__} {table[key]!r}")
+    section = EngineSection(**{k: table[k] for k in known if k in table}, options={k: v for k, v in table.items() if k not in known})
     try:
-        parser = check_name(table.get("tool_parser", "auto"))
+        section.tool_parser = check_name(section.tool_parser)
     except UserError as e:
         raise UserError(f"{where} key 'tool_parser': {e}") from None
-    return EngineSection(name=table.get("name", "hf"), tool_parser=parser, chat_template=table.get("chat_template"),
-                         options={k: v for k, v in table.items() if k not in known})
+    return section
 
 
 def _resolve_paths(r: Recipe) -> None:
@@ -385,11 +476,16 @@ _TRAIN_CHOICES = (("algo", "clawgym.train.config", "ALGOS"), ("precision", "claw
                   ("attention", "clawgym.train.packing", "ATTENTIONS"))
 
 
+def _train_settings(r: Recipe) -> dict[str, Any]:
+    """Every TrainConfig setting a step trains with: [train]'s keys over TrainConfig's defaults."""
+    return {**{f.name: default_of(f) for f in dataclasses.fields(TrainConfig) if f.name not in PER_CALL}, **r.train}
+
+
 def _validate_train(r: Recipe, where: str) -> None:
     """The [train] values `clawgym train` would refuse, refused at load (before the cold start and a step of rollouts)."""
     import importlib
 
-    t = r.train
+    t, resolved = r.train, _train_settings(r)
     for key, module, attr in _TRAIN_CHOICES:
         if key in t:  # the modules holding the names import torch: only when the key is set
             choices = (*(("auto",) if key == "attention" else ()), *getattr(importlib.import_module(module), attr))
@@ -399,9 +495,9 @@ def _validate_train(r: Recipe, where: str) -> None:
     for key in ("epochs", "minibatches", "token_budget", "processes"):
         if key in t and t[key] < 1:
             raise UserError(f"{where} [train] key '{key}' must be at least 1, got {t[key]}")
-    if t.get("kl_coef", 0) > 0 and t.get("ref_model") is None:
+    if resolved["kl_coef"] > 0 and resolved["ref_model"] is None:
         raise UserError(f"{where} [train] key 'kl_coef' > 0 needs 'ref_model' (the policy to stay close to)")
-    if t.get("lora_rank", 0) < 0:
+    if resolved["lora_rank"] < 0:
         raise UserError(f"{where} [train] key 'lora_rank' must be 0 (full fine-tuning) or positive, got {t['lora_rank']}")
 
 
@@ -409,7 +505,7 @@ def _check_extras(r: Recipe, where: str) -> None:
     """An optional package the recipe needs is named with its extra at load, before the run directory is written."""
     from importlib.util import find_spec
 
-    needs = [("train", "lora_rank", "peft", "lora", r.train.get("lora_rank", 0) > 0),
+    needs = [("train", "lora_rank", "peft", "lora", _train_settings(r)["lora_rank"] > 0),
              ("log", "tensorboard", "tensorboard", "tensorboard", r.log.tensorboard),
              ("log", "wandb", "wandb", "wandb", bool(r.log.wandb)),
              ("ray", "address", "ray", "ray", r.ray.address is not None),
@@ -476,12 +572,13 @@ def recipe_to_toml(r: Recipe) -> str:
 
     rollout = dataclasses.asdict(r.rollout)
     harness_options = rollout.pop("harness_options")
+    parser_set = r.engine.tool_parser != default_of(field_of(EngineSection, "tool_parser"))
     doc = {
         # keep_last only when set, so a run saved before the key existed still resumes with its recipe
         "run": plain({**{k: v for k, v in dataclasses.asdict(r.run).items() if k != "keep_last" or v}, "dir": r.run_dir}),
         "model": plain(dataclasses.asdict(r.model)),
         # tool_parser and chat_template only when set: a run saved before the keys existed still resumes with its recipe
-        "engine": plain({"name": r.engine.name, **({"tool_parser": r.engine.tool_parser} if r.engine.tool_parser != "auto" else {}),
+        "engine": plain({"name": r.engine.name, **({"tool_parser": r.engine.tool_parser} if parser_set else {}),
                          **({"chat_template": r.engine.chat_template} if r.engine.chat_template is not None else {}),
                          **r.engine.options}),
         "rollout": {**plain(rollout), **{h: plain(o) for h, o in harness_options.items()}},
@@ -516,6 +613,11 @@ def reference_markdown() -> str:
                  "`judge_url`, `judge_model`); `--script FILE` and `--max-context N` set the engine options `script` and "
                  "`max_context`; eval's `--n` defaults to [eval] `n`.\n\n"
                  + reference(RolloutConfig, options=True, no_option={"verifier"}))
+    parts.append("### ProxyConfig (`clawgym serve-proxy`)\n\n"
+                 "The proxy's config; each field but those marked - is an option of `clawgym serve-proxy` (its --help shows "
+                 "this help); `--engine-url URL` and `--script FILE` set the engine options `engine_url` and `script`. "
+                 "`clawgym rollout` and `clawgym run` start the same proxy from their RolloutConfig (model, engine, engine_options, tool_parser, chat_template, proxy_host).\n\n"
+                 + reference(ProxyConfig, options=True, no_option=SERVE_SKIP))
     return "\n\n".join(parts) + "\n"
 
 

@@ -19,6 +19,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from clawgym import metrics as M
+
 OFF_TTY_WIDTH = 200
 """the width tables are laid out for when the stream is a file or pipe (rich would assume 80)"""
 
@@ -95,15 +97,12 @@ QUIET = Console(file=io.StringIO(), quiet=True)
 """a console that prints nothing: the stages' tables under `clawgym run` without --verbose (not a
 terminal, so a stage's progress bar on it does not capture what other code prints to stderr)"""
 
-# (metrics key, label) of the phase timings the loop records, in pipeline order
-PHASES = (("time/collect_s", "rollout"), ("time/reconstruct_s", "trees"), ("time/optimize_s", "train"),
-          ("time/sync_s", "sync"), ("time/eval_s", "eval"))
-
-
 # (metrics key, format) of the step line's optional figures; the KL to a reference policy, when
-# trained with one, replaces the rollout-trainer mismatch
-FIELDS = (("eval/pass@1", "pass@1 {:.3f}"), ("train/kl_ref", "kl {:.4f}"), ("train/mismatch_abs", "mismatch {:.4f}"),
+# trained with one, replaces the rollout-trainer mismatch. The train/ and trees/ names are those of
+# train.step_metrics and trees.stats (metrics.FAMILIES); a test checks that each is a known key.
+FIELDS = ((M.PASS_AT_1, "pass@1 {:.3f}"), ("train/kl_ref", "kl {:.4f}"), ("train/mismatch_abs", "mismatch {:.4f}"),
           ("train/clip_frac", "clip {:.3f}"), ("train/grad_norm", "grad {:.2f}"), ("train/tokens_per_s", "{:,.0f} tok/s"))
+TREE_RATIO, TOKENS_SAVED = "trees/tree_token_ratio", "trees/tokens_saved"
 
 
 def duration(seconds: float) -> str:
@@ -125,14 +124,14 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     Metrics absent from `values` are left out.
     """
     v = values
-    parts = [f"step {step}/{steps}", f"reward {v.get('rollout/reward_mean', 0.0):.3f} ± {v.get('rollout/reward_std', 0.0):.3f}"]
+    parts = [f"step {step}/{steps}", f"reward {v.get(M.REWARD_MEAN, 0.0):.3f} ± {v.get(M.REWARD_STD, 0.0):.3f}"]
     shown = [key for key, _ in FIELDS if key in v and not (key == "train/mismatch_abs" and "train/kl_ref" in v)]
     parts += [fmt.format(v[key]) for key, fmt in FIELDS if key in shown]
-    if "trees/tree_token_ratio" in v:  # what tree packing saved over forwarding every call on its own
-        parts.append(f"tree {v['trees/tree_token_ratio']:.2f} ({v.get('trees/tokens_saved', 0.0):,.0f} tok saved)")
-    if "proxy/prefix_hit_rate" in v:  # what the engine's prefix cache spared the step's prompts (docs/engines.md)
-        parts.append(f"prefix cache {v['proxy/prefix_hit_rate']:.0%} hit, {v.get('proxy/prompt_computed_share', 1.0):.0%} computed")
-    phases = [f"{label} {duration(v[key])}" for key, label in PHASES if key in v]
+    if TREE_RATIO in v:  # what tree packing saved over forwarding every call on its own
+        parts.append(f"tree {v[TREE_RATIO]:.2f} ({v.get(TOKENS_SAVED, 0.0):,.0f} tok saved)")
+    if M.PREFIX_HIT_RATE in v:  # what the engine's prefix cache spared the step's prompts (docs/engines.md)
+        parts.append(f"prefix cache {v[M.PREFIX_HIT_RATE]:.0%} hit, {v.get(M.PROMPT_COMPUTED_SHARE, 1.0):.0%} computed")
+    phases = [f"{p.label} {duration(v[p.key])}" for p in M.PHASES if p.key in v]
     line = "  ".join(parts)
     if phases:
         line += " | " + "  ".join(phases)
@@ -144,11 +143,12 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
 def cold_start_line(values: dict[str, float]) -> str:
     """The step-0 line after an [sft] cold start: teacher reward, SFT loss, Pass@1 before and after."""
     v = values
-    parts = [f"step 0 (SFT cold start)  teacher reward {v.get('rollout/teacher_reward_mean', 0.0):.3f}"]
-    if "train/sft_loss_first" in v:
-        parts.append(f"sft loss {v['train/sft_loss_first']:.3f} → {v['train/sft_loss_last']:.3f}")
-    if "eval/base/pass@1" in v and "eval/pass@1" in v:
-        parts.append(f"pass@1 {v['eval/base/pass@1']:.3f} → {v['eval/pass@1']:.3f}")
+    parts = [f"step 0 (SFT cold start)  teacher reward {v.get(M.TEACHER_REWARD_MEAN, 0.0):.3f}"]
+    if M.SFT_LOSS_FIRST in v:
+        parts.append(f"sft loss {v[M.SFT_LOSS_FIRST]:.3f} → {v[M.SFT_LOSS_LAST]:.3f}")
+    base = f"{M.EVAL_BASE}pass@1"
+    if base in v and M.PASS_AT_1 in v:
+        parts.append(f"pass@1 {v[base]:.3f} → {v[M.PASS_AT_1]:.3f}")
     return "  ".join(parts)
 
 

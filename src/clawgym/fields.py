@@ -9,8 +9,10 @@ a config appears in all three at once, with one default and one help text.
 The metadata may also say how the field is written on the command line when that differs from its
 name and type: `flag` (`--timeout` for `timeout_s`), `envvar`, `metavar`, and a `CliForm` for a
 list or dict field (`COMMA_LIST`: `--harness a,b` for `harnesses`; `KEY_VALUES`: a repeatable
-`--engine-option KEY=VALUE` for `engine_options`). `parse_cli` turns the command's values back
-into the fields' values.
+`--engine-option KEY=VALUE` for `engine_options`), and `minimum`. `parse_cli` turns the command's
+values back into the fields' values. A recipe section's key that is a stage config's field is
+declared `same_as(StageConfig, "name")`: one help and one default, the stage config's (or the
+section's own where it differs on purpose).
 
 This module imports neither torch nor Typer at import time: loading a recipe stays light.
 """
@@ -70,16 +72,30 @@ KEY_VALUES = CliForm(list[str], key_values, lambda d: [f"{k}={json.dumps(v)}" fo
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, flag: str | None = None,
-           envvar: str | None = None, metavar: str | None = None, form: CliForm | None = None) -> Any:
+           envvar: str | None = None, metavar: str | None = None, form: CliForm | None = None, minimum: int | None = None) -> Any:
     """A dataclass field with its help text. Without a default (and no factory) the field is required.
     The rest say how the command line writes it: `flag` overrides the flag (e.g. "--resume" for a bool
     that has no --no- form, "--timeout" for timeout_s), `envvar` is read when the option is not
-    given, `metavar` names the value in --help, `form` writes a list or dict field."""
-    given = {"flag": flag, "envvar": envvar, "metavar": metavar, "form": form}
+    given, `metavar` names the value in --help, `form` writes a list or dict field, `minimum` is
+    the smallest number the option takes (a smaller one is a usage error)."""
+    given = {"flag": flag, "envvar": envvar, "metavar": metavar, "form": form, "minimum": minimum}
     metadata = {"help": help} | {k: v for k, v in given.items() if v is not None}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def same_as(cls: type, name: str, *, default: Any = MISSING, help: str | None = None) -> Any:
+    """A field that is `cls`'s field `name` again, in another config (a recipe section holding a
+    stage config's key): the same help, command-line form and default, so each has one owner.
+    `default` gives this config its own default where it differs on purpose, `help` its own words."""
+    f = field_of(cls, name)
+    metadata = {**f.metadata, **({"help": help} if help is not None else {})}
+    if default is not MISSING:
+        return dataclasses.field(default=default, metadata=metadata)
+    if f.default_factory is not MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=metadata)
+    return dataclasses.field(default=f.default, metadata=metadata)
 
 
 def help_of(f: Field) -> str:
@@ -146,7 +162,7 @@ def cli_parameters(cls: type, *, skip: set[str] = frozenset(), optional: dict[st
             raise TypeError(f"{cls.__name__}.{f.name}: type {kind} has no command-line form; give it a CliForm or skip it")
         metavar = f.metadata.get("metavar") or (form.metavar if form else None)
         opt = typer.Option(... if default is MISSING else default, flag, help=help_text, envvar=f.metadata.get("envvar"),
-                           metavar=metavar, show_default=default not in (MISSING, None, []))
+                           metavar=metavar, show_default=default not in (MISSING, None, []), min=f.metadata.get("minimum"))
         annotation = Optional[kind] if default is None else kind
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation))
     return params

@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clawgym import artifacts as A
+from clawgym import metrics as M
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout
 from clawgym.templates import tool_use_problems
@@ -282,10 +283,10 @@ def _prod(shape) -> int:
 
 # The per-step table of a run: (metric key, column title); per-harness rewards are added as found.
 RUN_COLUMNS = [
-    ("rollout/reward_mean", "reward"), ("rollout/infra_error", "infra err"), ("trees/tree_token_ratio", "tree/calls"),
+    (M.REWARD_MEAN, "reward"), (M.INFRA_ERRORS, "infra err"), ("trees/tree_token_ratio", "tree/calls"),
     ("train/loss", "loss"), ("train/entropy", "entropy"), ("train/mismatch_abs", "|Δlogp|"),
     ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
-    ("train/clip_frac", "clip"), ("eval/pass@1", "eval Pass@1"), ("time/step_s", "step s"),
+    ("train/clip_frac", "clip"), (M.PASS_AT_1, "eval Pass@1"), (M.STEP_SECONDS, "step s"),
 ]
 
 
@@ -295,22 +296,20 @@ def inspect_run(path: Path, console: Console) -> None:
     A step's row is its metrics.jsonl lines (`clawgym run` writes one per step) over the figures
     read from the step's own files, so a run chained from the shell (recipes/pipeline.sh), which
     has no such lines, shows the same table; its eval/step-NNNN/eval.json adds the Pass@1."""
-    from clawgym.loop import step_values
-
     run = RunLayout(path)
     rows: dict[int, dict[str, float]] = {}
     for sdir in run.steps():
         if sdir.rollouts.exists():
-            rows[sdir.step] = step_values(sdir)
+            rows[sdir.step] = M.step_values(sdir)
     for step, edir in run.evals():
         if edir.eval_json.exists():
-            rows.setdefault(step, {})["eval/pass@1"] = float(json.loads(edir.eval_json.read_text())["pass@1"])
+            rows.setdefault(step, {})[M.PASS_AT_1] = float(json.loads(edir.eval_json.read_text())["pass@1"])
     if run.metrics.exists():
         for m in A.read_metrics(run.metrics):
             rows.setdefault(m.step, {}).update(m.values)
     lines = [A.MetricsLine(step, values) for step, values in sorted(rows.items())]
     keys = {k for m in lines for k in m.values}
-    harness_cols = [(k, k.rsplit("/", 1)[1]) for k in sorted(keys) if k.startswith("rollout/reward_mean/")]
+    harness_cols = [(k, k.rsplit("/", 1)[1]) for k in sorted(keys) if k.startswith(f"{M.REWARD_MEAN}/")]
     cols = [(k, title) for k, title in RUN_COLUMNS[:1] + harness_cols + RUN_COLUMNS[1:] if k in keys]
     t = Table("step", *(title for _, title in cols), title=f"run {path}", title_justify="left")
     for m in lines:

@@ -18,9 +18,7 @@ An `[offline] from_run` recipe skips collecting and trains on that run's saved t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
-import statistics
 import time
 import tomllib
 from pathlib import Path
@@ -29,7 +27,7 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym import console as C
-from clawgym import metric_names as M
+from clawgym import metrics as M
 from clawgym.config import Recipe, check_runnable, load_recipe, recipe_to_toml
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
@@ -130,12 +128,12 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
             console.print(change_line(RunLayout(recipe.offline.from_run), run_steps(RunLayout(recipe.offline.from_run))[:recipe.run.steps],
                                       recipe.train, None if recipe.model.path is None and recipe.model.init is None else policy), highlight=False, soft_wrap=True)
         if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
-            from clawgym.coldstart import cold_start, sft_values
+            from clawgym.coldstart import cold_start
 
             with console.status("SFT cold start: teacher rollouts, SFT, evaluations") if not verbose else contextlib.nullcontext():
-                policy = cold_start(recipe, run, policy, stages, rollout_config)
+                policy = cold_start(recipe, run, policy, stages)
             if 0 not in reported:
-                line = A.MetricsLine(0, sft_values(run), time=time.time())
+                line = A.MetricsLine(0, M.cold_start_values(run), time=time.time())
                 report(line)
                 console.print(C.cold_start_line(line.values), highlight=False, soft_wrap=True)
         if first > 1:
@@ -149,7 +147,7 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
                 if values is not None:
                     line = A.MetricsLine(step, values, time=time.time())
                     report(line)
-                    progress.finished(step, values, None if step < first else values["time/step_s"])
+                    progress.finished(step, values, None if step < first else values[M.STEP_SECONDS])
                     if recipe.run.keep_last:
                         prune_checkpoints(run, step, recipe.run.keep_last)
                     from clawgym.plots import write_plots
@@ -169,8 +167,8 @@ def prune_checkpoints(run: RunLayout, step: int, keep_last: int) -> list[int]:
     with the best eval Pass@1 so far (the later on a tie); returns the steps removed."""
     steps = [s for s in range(1, step + 1) if run.step(s).checkpoint.is_dir()]
     kept = set(steps[-keep_last:]) | {step}
-    scored = [(m.values["eval/pass@1"], m.step) for m in A.read_metrics(run.metrics)
-              if "eval/pass@1" in m.values and 1 <= m.step <= step] if run.metrics.exists() else []
+    scored = [(m.values[M.PASS_AT_1], m.step) for m in A.read_metrics(run.metrics)
+              if M.PASS_AT_1 in m.values and 1 <= m.step <= step] if run.metrics.exists() else []
     if scored:
         kept.add(max(scored)[1])
     removed = [s for s in steps if s not in kept]
@@ -185,32 +183,31 @@ def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages
     sdir = run.step(step)
     t0, times = time.monotonic(), {}
 
-    def phase(name: str, key: str, work) -> None:
-        progress.phase(step, name)
+    def phase(which: M.Phase, work) -> None:
+        progress.phase(step, which.doing)
         t = time.monotonic()
         work()
-        times[key] = time.monotonic() - t
+        times[which.key] = time.monotonic() - t
 
-    train_values: dict[str, float] = {}
+    train_values: dict[str, float] | None = None  # None: trained before a resume, its train/ figures are in train.jsonl
     engine_values: dict[str, float] = {}
     if not trained:
         stages.rule(f"step {step}/{recipe.run.steps}")
         counts = _engine_counts(proxy)
-        phase("rollouts", "time/collect_s", lambda: _collect(recipe, sdir, step, proxy, stages))
-        engine_values = _engine_values(counts, _engine_counts(proxy))
-        phase("trees", "time/reconstruct_s", lambda: _reconstruct(recipe, sdir, stages))
-        phase("train", "time/optimize_s", lambda: train_values.update(_train_step(recipe, sdir, policy, step, stages)))
+        phase(M.COLLECT, lambda: _collect(recipe, sdir, step, proxy, stages))
+        engine_values = M.engine_values(counts, _engine_counts(proxy))
+        phase(M.RECONSTRUCT, lambda: _reconstruct(recipe, sdir, stages))
+        train_values = {}
+        phase(M.OPTIMIZE, lambda: train_values.update(_train_step(recipe, policy, step, stages)))
         if proxy is not None:
-            phase("sync", "time/sync_s", lambda: proxy.admin("POST", "/admin/reload", {"checkpoint": str(sdir.checkpoint)}, timeout=600))
+            phase(M.SYNC, lambda: proxy.admin("POST", "/admin/reload", {"checkpoint": str(sdir.checkpoint)}, timeout=600))
     if not report:
         return None
-    if trained:  # trained before a resume, not yet reported: its train/ values from the same reduction
-        train_values = _train_step(recipe, sdir, policy, step, stages)
-    values = {**rollout_values(sdir), **engine_values, **trees_values(sdir), **train_values, **times}
+    values = M.step_values(sdir, engine=engine_values, train=train_values, times=times)
     if recipe.eval.every and step % recipe.eval.every == 0 and proxy is not None:
-        phase("eval", "time/eval_s", lambda: values.update(_evaluate(recipe, run, step, proxy, stages)))
-        values["time/eval_s"] = times["time/eval_s"]
-    values["time/step_s"] = time.monotonic() - t0
+        phase(M.EVALUATE, lambda: values.update(_evaluate(recipe, run, step, proxy, stages)))
+        values[M.EVALUATE.key] = times[M.EVALUATE.key]
+    values[M.STEP_SECONDS] = time.monotonic() - t0
     return values
 
 
@@ -219,16 +216,7 @@ def _engine_counts(proxy) -> dict[str, float]:
     if proxy is None:
         return {}
     stats = proxy.admin("GET", "/admin/engine")["stats"]
-    return {k: float(stats[k]) for k in ("prompt_tokens", "prompt_tokens_cached", "prompt_tokens_computed") if k in stats}
-
-
-def _engine_values(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """A step's prefix-cache figures from the counters around its rollouts (docs/engines.md)."""
-    sent = after.get("prompt_tokens", 0.0) - before.get("prompt_tokens", 0.0)
-    if sent <= 0 or "prompt_tokens_cached" not in after:
-        return {}
-    return {M.PREFIX_HIT_RATE: (after["prompt_tokens_cached"] - before.get("prompt_tokens_cached", 0.0)) / sent,
-            M.PROMPT_COMPUTED_SHARE: (after["prompt_tokens_computed"] - before.get("prompt_tokens_computed", 0.0)) / sent}
+    return {k: float(stats[k]) for k in M.ENGINE_COUNTERS if k in stats}
 
 
 def _collect(recipe: Recipe, sdir: StepLayout, step: int, proxy, stages: Console) -> None:
@@ -237,7 +225,7 @@ def _collect(recipe: Recipe, sdir: StepLayout, step: int, proxy, stages: Console
     elif not sdir.rollouts.exists():
         from clawgym.rollout.runner import run_rollouts
 
-        run_rollouts(rollout_config(recipe, sdir.path, step, policy_version=step - 1), stages, proxy=proxy)
+        run_rollouts(recipe.rollout_config(sdir.path, step, policy_version=step - 1), stages, proxy=proxy)
 
 
 def _reconstruct(recipe: Recipe, sdir: StepLayout, stages: Console) -> None:
@@ -254,41 +242,16 @@ def _proxy(recipe: Recipe, run: RunLayout, policy: Path, version: int):
         return contextlib.nullcontext(None)
     from clawgym.rollout.proxy_client import start_local_proxy
 
-    cfg = dataclasses.replace(rollout_config(recipe, run.root, 0, version), model=policy)
-    return start_local_proxy(cfg, run.records)  # one proxy for the run; copied into each step's records/
+    return start_local_proxy(recipe.rollout_config(run.root, 0, version, model=policy), run.records)  # copied into each step's records/
 
 
-def rollout_config(recipe: Recipe, out: Path, step: int, policy_version: int, *, tasks: Path | None = None,
-                   n: int | None = None, harnesses: list[str] | None = None):
-    from clawgym.rollout.runner import RolloutConfig
-    from clawgym.rollout.verifier import VerifierConfig
-
-    ro = recipe.rollout
-    return RolloutConfig(tasks=tasks or ro.tasks, harnesses=harnesses or ro.harnesses, out=out, n=n or ro.n,
-                         concurrency=ro.concurrency, engine=recipe.engine.name, engine_options=dict(recipe.engine.options),
-                         chat_template=recipe.engine.chat_template,
-                         timeout_s=ro.timeout_s, sandbox=ro.sandbox, network=ro.network, step=step,
-                         policy_version=policy_version, harness_options=ro.harness_options, verifier=VerifierConfig.with_judge(ro.judge_url, ro.judge_model),
-                         ray=recipe.ray.address, ray_num_cpus=recipe.ray.num_cpus, proxy_host=recipe.ray.proxy_host,
-                         tool_parser=recipe.engine.tool_parser,
-                         # the step's draw from the pool; an eval or the teacher (tasks given) runs every task
-                         tasks_per_step=ro.tasks_per_step if tasks is None else 0)
-
-
-def _train_step(recipe: Recipe, sdir: StepLayout, policy: Path, step: int, stages: Console) -> dict[str, float]:
+def _train_step(recipe: Recipe, policy: Path, step: int, stages: Console) -> dict[str, float]:
     """Train step `step` (a complete checkpoint is kept as it is); its train/ metrics, as train() reduces them."""
-    from clawgym.train.loop import TrainConfig, train
+    from clawgym.train.loop import train
 
-    kwargs = {"seed": recipe.run.seed + step, **recipe.train}
-    if recipe.offline.from_run is not None:  # the from_run step's recorded settings, changed only where [train] says
-        from clawgym.offline import train_kwargs
-
-        kwargs = train_kwargs(RunLayout(recipe.offline.from_run), step, recipe.train)
     # A batch with nothing to learn (every group flat) still writes the unchanged policy, so the
     # loop goes on; a batch with no trainable token at all (every rollout failed) stops the run.
-    result = train(TrainConfig(trees=sdir.trees, rollouts=sdir.rollouts, model=policy, out=sdir.checkpoint,
-                               metrics=sdir.train_metrics, resume=True, **kwargs), stages)
-    return result.metrics
+    return train(recipe.train_config(step, policy), stages).metrics
 
 
 def _copy_offline(src: StepLayout, sdir: StepLayout) -> None:
@@ -301,69 +264,9 @@ def _copy_offline(src: StepLayout, sdir: StepLayout) -> None:
             shutil.copy2(source, dest)
 
 
-def rollout_values(sdir: StepLayout) -> dict[str, float]:
-    """The rollout/ numbers of a step, from its rollouts.parquet and calls.parquet (names: metric_names.py)."""
-    rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
-    scored = [r.reward for r in rollouts if r.reward is not None]
-    lengths = _response_lengths(sdir, [r.rollout_id for r in rollouts])
-    turns = [r.n_calls for r in rollouts]
-    values: dict[str, float] = {
-        M.ROLLOUTS: len(rollouts),
-        M.REWARD_MEAN: statistics.fmean(scored) if scored else 0.0,
-        M.REWARD_STD: statistics.stdev(scored) if len(scored) > 1 else 0.0,  # sample std, as `rollout --json` and TRL
-        M.INFRA_ERRORS: sum(r.status == "infra_error" for r in rollouts),
-        M.TIMEOUTS: sum(r.status == "timeout" for r in rollouts),
-        M.RESPONSE_LENGTH_MEAN: statistics.fmean(lengths) if lengths else 0.0,
-        M.RESPONSE_LENGTH_MAX: max(lengths, default=0),
-        M.TURNS_MEAN: statistics.fmean(turns) if turns else 0.0,
-        M.TURNS_MAX: max(turns, default=0),
-    }
-    for h in sorted({r.harness for r in rollouts}):
-        hs = [r.reward for r in rollouts if r.harness == h and r.reward is not None]
-        values[f"{M.REWARD_MEAN}/{h}"] = statistics.fmean(hs) if hs else 0.0
-    return values
-
-
-def _response_lengths(sdir: StepLayout, rollout_ids: list[str]) -> list[int]:
-    """Tokens each rollout's model calls sampled, in all (from calls.parquet's output_ids, read alone)."""
-    if not sdir.calls.exists():
-        return []
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(sdir.calls, columns=["rollout_id", "output_ids"])
-    per_call = pc.list_value_length(table.column("output_ids")).to_pylist()
-    totals = dict.fromkeys(rollout_ids, 0)
-    for rid, n in zip(table.column("rollout_id").to_pylist(), per_call):
-        if rid in totals:
-            totals[rid] += n or 0
-    return list(totals.values())
-
-
-def trees_values(sdir: StepLayout) -> dict[str, float]:
-    """The trees/ numbers of a step: the line build-trees wrote."""
-    return dict(A.read_metrics(sdir.trees_metrics)[-1].values) if sdir.trees_metrics.exists() else {}
-
-
-def step_values(sdir: StepLayout) -> dict[str, float]:
-    """rollout/ trees/ train/ numbers of a finished step, from its files alone: `clawgym inspect` of a
-    run whose stages were chained from the shell (no metrics.jsonl lines of its own). The train/
-    numbers are reduced by the same table train() uses (train/step_metrics.py)."""
-    from clawgym.train.step_metrics import reduce_updates
-
-    values = {**rollout_values(sdir), **trees_values(sdir)}
-    if sdir.train_metrics.exists():
-        values.update(reduce_updates(A.read_jsonl(sdir.train_metrics).records))
-    return values
-
-
 def _evaluate(recipe: Recipe, run: RunLayout, step: int, proxy, console: Console) -> dict[str, float]:
     from clawgym.eval import evaluate
 
-    tasks = recipe.eval.tasks or recipe.rollout.tasks
-    cfg = rollout_config(recipe, run.eval(step).path, 0, step, tasks=tasks, n=recipe.eval.n,
-                         harnesses=recipe.eval.harnesses or None)
-    cfg = dataclasses.replace(cfg, id_prefix=f"e{step:04d}.")
-    report = evaluate(cfg, console, proxy=proxy)
+    report = evaluate(recipe.eval_config(run.eval(step).path, step, f"e{step:04d}."), console, proxy=proxy)
     report.print(console)
-    return {f"eval/{k}": v for k, v in report.metrics().items()}
+    return M.eval_values(report.metrics())

@@ -6,10 +6,22 @@ background thread, for tests and in-process runners), `serve` (the CLI's blockin
 `export_calls` (records -> calls.parquet).
 """
 
-from clawgym.proxy.recorder import export_calls, read_records
-from clawgym.proxy.server import ProxyConfig, ProxyServer, ProxyThread
+import importlib
+
+from clawgym.proxy.config import ProxyConfig
 
 __all__ = ["ProxyConfig", "ProxyServer", "ProxyThread", "export_calls", "read_records", "serve"]
+
+_LOADED_WHEN_USED = {"ProxyServer": "clawgym.proxy.server", "ProxyThread": "clawgym.proxy.server",
+                     "export_calls": "clawgym.proxy.recorder", "read_records": "clawgym.proxy.recorder"}
+
+
+def __getattr__(name: str):
+    """The server and recorder (aiohttp, pyarrow) are imported when first asked for, so the command
+    line, which builds serve-proxy's options from `ProxyConfig`, starts without them."""
+    if name in _LOADED_WHEN_USED:
+        return getattr(importlib.import_module(_LOADED_WHEN_USED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def serve(config: ProxyConfig, *, ready=None) -> int | None:
@@ -24,6 +36,8 @@ def serve(config: ProxyConfig, *, ready=None) -> int | None:
     import signal
 
     stopped_by: list[int] = []
+
+    from clawgym.proxy.server import ProxyServer
 
     async def main() -> None:
         server = ProxyServer(config)

@@ -43,37 +43,11 @@ from clawgym.proxy.conversation import ConversationLog
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy import toolparse
+from clawgym.proxy.config import ProxyConfig
 from clawgym.proxy.types import MAX_TOKENS_HEADER, ChatRequest, ProtocolError, Turn, new_id
 from clawgym.templates import check_tool_template, load_chat_template
 
 log = logging.getLogger("clawgym.proxy")
-
-
-@dataclass
-class ProxyConfig:
-    model_dir: Path
-    engine: str = "hf"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    records_dir: Path = Path("records")
-    admin_token: str | None = None
-    """None: a random token is made (ProxyServer.admin_token)"""
-    api_key: str | None = None
-    """a static key that any rollout id may use; unknown rollouts are then registered on first use"""
-    max_body_bytes: int = 64 << 20
-    ping_interval_s: float = 5.0
-    max_context: int | None = None
-    """override the model's window (e.g. the scripted engine serving huge harness prompts)"""
-    default_max_tokens: int = 4096
-    tool_parser: str = toolparse.AUTO
-    """a name in toolparse.PARSERS, or auto: detected from the chat template (docs/engines.md)"""
-    chat_template: str | None = None
-    """a Jinja file or a shipped template name (templates.py) replacing the model's own template"""
-    audit_render: bool = False
-    """also render every request fully and compare with the incremental result (tests, debugging)"""
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    policy_version: int = 0
-    """the version of the weights served at start (a resumed run starts past 0)"""
 
 
 @dataclass

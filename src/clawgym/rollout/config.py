@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clawgym.engines.registry import ENGINES
 from clawgym.errors import UserError
 from clawgym.fields import COMMA_LIST, KEY_VALUES, CliForm, key_values, option
 
@@ -97,7 +98,7 @@ class RolloutConfig:
     n: int = option(1, "rollouts per task and harness (the GRPO group size)")
     concurrency: int = option(4, "rollouts running at once")
     model: Path | None = option(None, "start a proxy in this process serving this model (HF directory); else use a running proxy")
-    engine: str = option("hf", "the in-process proxy's engine: hf | scripted | teacher | vllm | remote (docs/engines.md)")
+    engine: str = option("hf", f"the in-process proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
     engine_options: dict[str, Any] = option(help="the in-process proxy engine's options (docs/engines.md)", factory=dict,
                                             flag="--engine-option", form=KEY_VALUES)
     chat_template: str | None = option(None, "the in-process proxy's chat template: a Jinja file or a shipped one (chatml-tools, "

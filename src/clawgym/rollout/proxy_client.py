@@ -109,7 +109,8 @@ def start_local_proxy(config, records: Path) -> Iterator[ProxyClient]:
     """A proxy serving `config.model` on a free port of `config.proxy_host` for the length of the run,
     recording into `records` (a StepLayout's or RunLayout's records folder)."""
     from clawgym.console import STDERR
-    from clawgym.proxy.server import ProxyConfig, ProxyThread
+    from clawgym.proxy.config import ProxyConfig
+    from clawgym.proxy.server import ProxyThread
 
     records = Path(records)
     pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, host=config.proxy_host, port=0,

@@ -30,8 +30,10 @@ from clawgym.trees.filter import filter_tree
 from clawgym.trees.stats import RolloutTreeStats, TreeStats
 
 DEFAULT_MAX_LEAVES = 64
-"""Leaves above which a rollout counts as over-branched (paper §3.2.2 gives no number). A
-Claude-Code-like rollout with 3 subagents, a compaction and 2 retries has about 8."""
+"""Leaves above which a rollout counts as over-branched, for a caller that gives none: the
+default of the recipe's [trees] max_leaves field, which `clawgym build-trees --max-leaves` is
+(config.TreesSection, where its reason is; a test keeps the two equal, as importing the recipe
+module here would close an import circle)"""
 
 
 @dataclass

@@ -1,0 +1,241 @@
+"""A run's metrics: the names of the keys of metrics.jsonl, and how a step's line is made from its files.
+
+Names. A step's metrics line is written by several stages; this module is the one list of its
+names. The `rollout/`, `proxy/`, `eval/` and `time/` keys are declared here and used by name (the
+loop, the cold start, the console's step line); the `train/` keys are those of
+`train.step_metrics.REDUCTIONS` (each with its rule for summing a step's updates) and the `trees/`
+keys those of `trees.stats`; `FAMILIES` says which prefix each module owns, and
+`tests/test_cli_edges.py` checks that every key a step writes is one of them.
+
+Aggregation. `step_values` makes a step's line from the step's folder: `rollout_values` from
+rollouts.parquet and calls.parquet, `trees_values` from the line build-trees wrote, `train_values`
+from train.jsonl reduced by `train.step_metrics.reduce_updates`; the loop adds the engine's
+prefix-cache figures (`engine_values`) and the phase times (`PHASES`). `clawgym inspect` of a run
+chained from the shell makes the same line from the same files; `cold_start_values` makes the
+step-0 line of an [sft] cold start.
+
+Units: rewards, Pass@1 and every fraction are in [0, 1] (tables that show percent say "%" in their
+header); a std is the sample standard deviation (n − 1), as `torch.std` gives TRL's `reward_std`;
+lengths are in tokens; times in seconds. docs/recipes.md ("Metric names") has the table of `PEERS`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from clawgym.train.step_metrics import reduce_updates
+
+if TYPE_CHECKING:
+    from clawgym.artifacts import RolloutRecord
+    from clawgym.layout import RunLayout, StepLayout
+
+REWARD_MEAN = "rollout/reward_mean"
+"""mean reward over the step's scored rollouts (REWARD_MEAN/HARNESS: over one harness's)"""
+REWARD_STD = "rollout/reward_std"
+"""sample std (n − 1) of those rewards; 0 with fewer than two"""
+RESPONSE_LENGTH_MEAN = "rollout/response_length_mean"
+"""tokens the policy sampled in a rollout (all its model calls), mean over the step's rollouts"""
+RESPONSE_LENGTH_MAX = "rollout/response_length_max"
+TURNS_MEAN = "rollout/turns_mean"
+"""model calls per rollout (the agent's turns), mean over the step's rollouts"""
+TURNS_MAX = "rollout/turns_max"
+ROLLOUTS = "rollout/n"
+INFRA_ERRORS = "rollout/infra_error"
+TIMEOUTS = "rollout/timeout"
+PREFIX_HIT_RATE = "proxy/prefix_hit_rate"
+"""share of the step's prompt tokens whose keys and values the engine's prefix cache served (docs/engines.md)"""
+PROMPT_COMPUTED_SHARE = "proxy/prompt_computed_share"
+"""share of the step's prompt tokens the engine ran a forward over (1.0 without a cache)"""
+EVAL = "eval/"
+"""prefix of the keys of an evaluation (`eval.EvalReport.metrics`, each key under it)"""
+PASS_AT_1 = "eval/pass@1"
+"""held-out Pass@1, a fraction: the mean over tasks of each task's mean score over its samples"""
+
+# the step-0 line of an [sft] cold start
+TEACHER_N = "rollout/teacher_n"
+"""teacher trajectories collected"""
+TEACHER_REWARD_MEAN = "rollout/teacher_reward_mean"
+"""their mean reward (over the scored ones)"""
+SFT_LOSS_FIRST = "train/sft_loss_first"
+SFT_LOSS_LAST = "train/sft_loss_last"
+EVAL_BASE = "eval/base/"
+"""prefix of the starting policy's evaluation before the cold start (the SFT policy's is under `EVAL`)"""
+
+ROLLOUT_KEYS = (ROLLOUTS, REWARD_MEAN, REWARD_STD, INFRA_ERRORS, TIMEOUTS, RESPONSE_LENGTH_MEAN, RESPONSE_LENGTH_MAX,
+                TURNS_MEAN, TURNS_MAX)
+PROXY_KEYS = (PREFIX_HIT_RATE, PROMPT_COMPUTED_SHARE)
+COLD_START_KEYS = (TEACHER_N, TEACHER_REWARD_MEAN, SFT_LOSS_FIRST, SFT_LOSS_LAST)
+
+ENGINE_COUNTERS = ("prompt_tokens", "prompt_tokens_cached", "prompt_tokens_computed")
+"""the engine's cumulative prompt-token counters (its /admin/engine stats) that `engine_values` reads"""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a loop step: the metrics key of its seconds and its names on the console."""
+
+    key: str
+    label: str
+    """its name among the step line's timings"""
+    doing: str
+    """its name beside the progress bar while it runs"""
+
+
+COLLECT = Phase("time/collect_s", "rollout", "rollouts")
+RECONSTRUCT = Phase("time/reconstruct_s", "trees", "trees")
+OPTIMIZE = Phase("time/optimize_s", "train", "train")
+SYNC = Phase("time/sync_s", "sync", "sync")
+EVALUATE = Phase("time/eval_s", "eval", "eval")
+PHASES = (COLLECT, RECONSTRUCT, OPTIMIZE, SYNC, EVALUATE)
+"""a step's phases in pipeline order"""
+STEP_SECONDS = "time/step_s"
+"""seconds of the whole step"""
+
+FAMILIES = {
+    f"{REWARD_MEAN}/": "metrics.rollout_values: the mean reward of one harness (rollout/reward_mean/HARNESS)",
+    "trees/": "trees.stats.TreeStats.to_metrics",
+    "train/": "train.step_metrics.REDUCTIONS",
+    EVAL: "eval.EvalReport.metrics (eval/pass@1, eval/pass@1/CATEGORY, eval/excluded; eval/base/ before an [sft] cold start)",
+    "time/": "metrics.PHASES: seconds per phase (collect, reconstruct, optimize, sync, eval) and per step",
+}
+"""key prefixes whose names another module owns, and which"""
+
+PEERS = {
+    REWARD_MEAN: ("reward", "critic/score/mean"),
+    REWARD_STD: ("reward_std", "-"),
+    RESPONSE_LENGTH_MEAN: ("completions/mean_length", "response_length/mean"),
+    RESPONSE_LENGTH_MAX: ("completions/max_length", "response_length/max"),
+    TURNS_MEAN: ("-", "num_turns/mean"),
+    "train/loss": ("loss", "actor/pg_loss (+ value and KL terms)"),
+    "train/entropy": ("entropy", "actor/entropy"),
+    "train/kl_ref": ("kl", "actor/kl_loss"),
+    "train/clip_frac": ("clip_ratio/region_mean", "actor/pg_clipfrac"),
+    "train/grad_norm": ("grad_norm", "actor/grad_norm"),
+    "train/lr": ("learning_rate", "actor/lr"),
+    "train/mismatch_k3": ("-", "training/rollout_probs_diff (a related measure)"),
+    PASS_AT_1: ("-", "val-core/.../acc (per data source)"),
+    STEP_SECONDS: ("-", "timing_s/step"),
+}
+"""clawgym key -> (TRL's GRPOTrainer log name, verl's), "-" where the peer logs none"""
+
+
+def is_known(key: str) -> bool:
+    """Whether `key` is declared here or lies in a family another module owns."""
+    return (key in ROLLOUT_KEYS or key in PROXY_KEYS or key in COLD_START_KEYS or key == PASS_AT_1
+            or any(key.startswith(prefix) for prefix in FAMILIES))
+
+
+# ---------------------------------------------------------------------------------------------
+# A step's line from its files. The artifacts module (pyarrow) is imported where a file is read,
+# so the console and the command line, which use the names above, start without it.
+
+
+def reward_mean(rollouts: Sequence[RolloutRecord]) -> float:
+    """The mean reward over the scored rollouts; 0.0 when none was scored."""
+    scored = [r.reward for r in rollouts if r.reward is not None]
+    return statistics.fmean(scored) if scored else 0.0
+
+
+def rollout_values(sdir: StepLayout) -> dict[str, float]:
+    """The rollout/ numbers of a step, from its rollouts.parquet and calls.parquet."""
+    from clawgym import artifacts as A
+
+    rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
+    scored = [r.reward for r in rollouts if r.reward is not None]
+    lengths = _response_lengths(sdir, [r.rollout_id for r in rollouts])
+    turns = [r.n_calls for r in rollouts]
+    values: dict[str, float] = {
+        ROLLOUTS: len(rollouts),
+        REWARD_MEAN: reward_mean(rollouts),
+        REWARD_STD: statistics.stdev(scored) if len(scored) > 1 else 0.0,  # sample std, as `rollout --json` and TRL
+        INFRA_ERRORS: sum(r.status == "infra_error" for r in rollouts),
+        TIMEOUTS: sum(r.status == "timeout" for r in rollouts),
+        RESPONSE_LENGTH_MEAN: statistics.fmean(lengths) if lengths else 0.0,
+        RESPONSE_LENGTH_MAX: max(lengths, default=0),
+        TURNS_MEAN: statistics.fmean(turns) if turns else 0.0,
+        TURNS_MAX: max(turns, default=0),
+    }
+    for h in sorted({r.harness for r in rollouts}):
+        values[f"{REWARD_MEAN}/{h}"] = reward_mean([r for r in rollouts if r.harness == h])
+    return values
+
+
+def _response_lengths(sdir: StepLayout, rollout_ids: list[str]) -> list[int]:
+    """Tokens each rollout's model calls sampled, in all (from calls.parquet's output_ids, read alone)."""
+    if not sdir.calls.exists():
+        return []
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sdir.calls, columns=["rollout_id", "output_ids"])
+    per_call = pc.list_value_length(table.column("output_ids")).to_pylist()
+    totals = dict.fromkeys(rollout_ids, 0)
+    for rid, n in zip(table.column("rollout_id").to_pylist(), per_call):
+        if rid in totals:
+            totals[rid] += n or 0
+    return list(totals.values())
+
+
+def engine_values(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """A step's prefix-cache figures from the engine's `ENGINE_COUNTERS` around its rollouts
+    (docs/engines.md); {} when the engine reports none."""
+    sent = after.get("prompt_tokens", 0.0) - before.get("prompt_tokens", 0.0)
+    if sent <= 0 or "prompt_tokens_cached" not in after:
+        return {}
+    return {PREFIX_HIT_RATE: (after["prompt_tokens_cached"] - before.get("prompt_tokens_cached", 0.0)) / sent,
+            PROMPT_COMPUTED_SHARE: (after["prompt_tokens_computed"] - before.get("prompt_tokens_computed", 0.0)) / sent}
+
+
+def trees_values(sdir: StepLayout) -> dict[str, float]:
+    """The trees/ numbers of a step: the line build-trees wrote."""
+    from clawgym import artifacts as A
+
+    return dict(A.read_metrics(sdir.trees_metrics)[-1].values) if sdir.trees_metrics.exists() else {}
+
+
+def train_values(sdir: StepLayout) -> dict[str, float]:
+    """The train/ numbers of a trained step: its train.jsonl lines reduced by the table `train()` uses
+    (train/step_metrics.py), the figures `train()` returns for a step it finds already complete."""
+    from clawgym import artifacts as A
+
+    return reduce_updates(A.read_jsonl(sdir.train_metrics).records) if sdir.train_metrics.exists() else {}
+
+
+def eval_values(report: Mapping[str, float], prefix: str = EVAL) -> dict[str, float]:
+    """An evaluation's figures (`EvalReport.metrics()`, or eval.json's) as metrics keys under `prefix`."""
+    return {f"{prefix}{k}": v for k, v in report.items()}
+
+
+def step_values(sdir: StepLayout, *, engine: Mapping[str, float] | None = None, train: Mapping[str, float] | None = None,
+                times: Mapping[str, float] | None = None) -> dict[str, float]:
+    """A step's line, in the order metrics.jsonl holds it: rollout/, the engine's proxy/ figures,
+    trees/, train/ (`train`: what this process's `train()` returned; None: from the step's
+    train.jsonl), then the phase times the loop measured. `clawgym inspect` gives the folder alone."""
+    return {**rollout_values(sdir), **(engine or {}), **trees_values(sdir),
+            **(train_values(sdir) if train is None else train), **(times or {})}
+
+
+def cold_start_values(run: RunLayout) -> dict[str, float]:
+    """The step-0 line after an [sft] cold start: teacher trajectories and their reward, the SFT
+    loss of its first and last update, Pass@1 before (`EVAL_BASE`) and after (`EVAL`)."""
+    import orjson
+
+    from clawgym import artifacts as A
+
+    sdir = run.sft
+    rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
+    values: dict[str, float] = {TEACHER_N: len(rollouts), TEACHER_REWARD_MEAN: reward_mean(rollouts)}
+    lines = A.read_jsonl(sdir.train_metrics).records if sdir.train_metrics.exists() else []
+    losses = [r["train/loss"] for r in lines if "train/loss" in r]
+    if losses:
+        values[SFT_LOSS_FIRST], values[SFT_LOSS_LAST] = losses[0], losses[-1]
+    for label, prefix in (("base", EVAL_BASE), ("sft", EVAL)):
+        path = run.eval(label).eval_json
+        if path.exists():
+            doc = orjson.loads(path.read_bytes())
+            values.update(eval_values({"pass@1": doc["pass@1"], **{f"pass@1/{c}": v for c, v in doc["per_category"].items()}},
+                                      prefix))
+    return values
+
