@@ -8,7 +8,7 @@ same forward/backward calls. `RankMicroBatches` hides all of that:
 
     plan = micro.plan(rows)                 # this rank's steps of minibatch `rows`, padded
     for step in micro.steps(plan):          # collated, on the device
-        loss = (micro.weights(w, step) * per_token_loss).sum()
+        loss = (micro.token_weights(w, step) * per_token_loss).sum()
         micro.backward(model, step, loss)   # × world size; gradients all-reduced on the last step only
 
 A padding step forwards the batch's smallest tree with weight zero, so it adds exactly nothing.
@@ -78,7 +78,7 @@ class RankMicroBatches:
         """The step's trees' token tensors, in label order, on the device: [T_step]."""
         return torch.cat([per_tree[i] for i in step.rows]).to(self.accelerator.device)
 
-    def weights(self, per_tree: dict[int, torch.Tensor], step: MicroStep) -> torch.Tensor:
+    def token_weights(self, per_tree: dict[int, torch.Tensor], step: MicroStep) -> torch.Tensor:
         """The step's aggregation weights; zero on a padding step."""
         w = torch.zeros(self.trees[self.filler].n_trainable) if step.padding else torch.cat([per_tree[i] for i in step.rows])
         return w.to(self.accelerator.device)

@@ -9,6 +9,8 @@
 | an interrupted call's checkpoint   | refused           | continue from it      | train anew  |
 | something else                     | refused           | refused               | train anew  |
 
+(`--resume --force` continues an interrupted call and trains anew over a complete one.)
+
 A resumed call must see the same batch of rollouts (`StartPoint.check_batch`); it continues from the
 epoch checkpoint's epoch with the logp_old / values saved beside it, and drops the train.jsonl lines
 written after that checkpoint (`TrainLog`). `Checkpointer` writes a checkpoint after each epoch

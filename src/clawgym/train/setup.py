@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from clawgym.train.packing import PackedPolicy
 from clawgym.train.precision import MasterWeights, enable_activation_checkpointing
 from clawgym.train.support import check_config, self_test
 from clawgym.train.value import VALUE_DIR, load_value_model
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
 
 
 def check_environment(cfg: TrainConfig) -> None:
@@ -52,9 +56,9 @@ def needs_launch(cfg: TrainConfig) -> bool:
 class Ranks:
     """accelerate's Accelerator, the process group as `train` uses it, and the FSDP plugin (None: unsharded)."""
 
-    accelerator: object
+    accelerator: Accelerator
     dist: Dist
-    sharding: object | None
+    sharding: FullyShardedDataParallelPlugin | None
 
 
 def start_ranks(cfg: TrainConfig) -> Ranks:

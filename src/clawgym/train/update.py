@@ -120,9 +120,10 @@ class _TokenTerms:
 
 
 def _token_terms(cfg: TrainConfig, logp, logp_old, logp_rollout, adv, logp_ref, seq_index) -> _TokenTerms:
+    """The loss per scored token of `cfg.algo` (module docstring), all inputs [T_step]."""
     if cfg.algo == "sft":  # cross-entropy on the kept main-role model tokens
-        none = torch.zeros_like(logp, dtype=torch.bool)
-        return _TokenTerms(-logp, None, none, none, None)
+        never = torch.zeros_like(logp, dtype=torch.bool)
+        return _TokenTerms(-logp, None, never, never, None)
     pg, clipped = L.clipped_surrogate(logp, logp_old, adv, cfg.clip_low, cfg.clip_high)
     tis_w, tis_truncated = L.tis_weights(logp_old, logp_rollout, seq_index, cfg.tis, cfg.tis_cap)
     per_token = tis_w * pg
@@ -133,13 +134,13 @@ def _token_terms(cfg: TrainConfig, logp, logp_old, logp_rollout, adv, logp_ref, 
 
 
 def _policy_pass(models: Models, batch: Batch, scores: Scores, advantages: list[torch.Tensor], micro: RankMicroBatches,
-                 plan: RankPlan, weights: dict[int, torch.Tensor], cfg: TrainConfig) -> _Sums:
+                 plan: RankPlan, token_weights: dict[int, torch.Tensor], cfg: TrainConfig) -> _Sums:
     """Forward and backward over this rank's micro-batches; the gradients accumulate in the policy."""
     sums = _Sums()
     accelerator = micro.accelerator
     for step in micro.steps(plan):
         sums.tokens_forwarded += 0 if step.padding else step.batch.n_tokens
-        w = micro.weights(weights, step)
+        w = micro.token_weights(token_weights, step)
         logp_old, logp_rollout = micro.gather(scores.logp_old, step), micro.gather(batch.logp_rollout, step)
         adv = micro.gather(advantages, step)
         seq_index = micro.seq_index(step)
@@ -182,14 +183,14 @@ def _step_policy(models: Models, cfg: TrainConfig, accelerator) -> float:
 
 
 def value_update(models: Models, batch: Batch, micro: RankMicroBatches, plan: RankPlan,
-                 weights: dict[int, torch.Tensor], cfg: TrainConfig) -> float:
-    """One value-model optimizer step on this rank's micro-batches `plan`: masked ½(V − R)² under `weights`,
+                 token_weights: dict[int, torch.Tensor], cfg: TrainConfig) -> float:
+    """One value-model optimizer step on this rank's micro-batches `plan`: masked ½(V − R)² under `token_weights`,
     summed over ranks."""
     total, accelerator = 0.0, micro.accelerator
     for step in micro.steps(plan):
         with accelerator.autocast():
             v = models.value(step.batch)
-        loss = (micro.weights(weights, step) * L.value_loss(v, micro.gather(batch.returns, step))).sum()
+        loss = (micro.token_weights(token_weights, step) * L.value_loss(v, micro.gather(batch.returns, step))).sum()
         micro.backward(models.value, step, loss)
         total += float(loss.detach())
     accelerator.clip_grad_norm_(models.value.parameters(), cfg.max_grad_norm)
@@ -204,11 +205,11 @@ def warm_up_value(models: Models, batch: Batch, micro: RankMicroBatches, plan: R
     constant), then `value_warmup_steps` value-only updates over the whole batch (`plan`).
     Returns their losses and V_old per tree."""
     rows = list(range(len(batch.trees)))
-    weights = batch.token_weights(rows, cfg.aggregation)  # Σ = 1 over the batch
+    token_weights = batch.token_weights(rows, cfg.aggregation)  # Σ = 1 over the batch
     if models.fresh_value:
-        mean_return = float(sum((weights[i] * batch.returns[i]).sum() for i in rows))
+        mean_return = float(sum((token_weights[i] * batch.returns[i]).sum() for i in rows))
         micro.accelerator.unwrap_model(models.value).start_at(mean_return)
-    losses = [value_update(models, batch, micro, plan, weights, cfg) for _ in range(cfg.value_warmup_steps)]
+    losses = [value_update(models, batch, micro, plan, token_weights, cfg) for _ in range(cfg.value_warmup_steps)]
     return losses, micro.score(models.value, plan)
 
 
@@ -217,14 +218,14 @@ def update(models: Models, batch: Batch, scores: Scores, advantages: list[torch.
            warmup_losses: list[float]) -> UpdateStats:
     """Update number `number`: one policy step (and one value step) on the minibatch `rows`."""
     t0 = time.perf_counter()
-    weights = batch.token_weights(rows, cfg.aggregation)
+    token_weights = batch.token_weights(rows, cfg.aggregation)  # Σ = 1 over the minibatch
     plan = micro.plan(rows)
-    sums = _policy_pass(models, batch, scores, advantages, micro, plan, weights, cfg).over_ranks(micro.dist)
+    sums = _policy_pass(models, batch, scores, advantages, micro, plan, token_weights, cfg).over_ranks(micro.dist)
     grad_norm = _step_policy(models, cfg, micro.accelerator)
     value_loss = value_mean = None
     if models.value is not None:
-        value_loss = value_update(models, batch, micro, plan, weights, cfg)
-        value_mean = float(sum((weights[i] * scores.values[i]).sum() for i in rows))
+        value_loss = value_update(models, batch, micro, plan, token_weights, cfg)
+        value_mean = float(sum((token_weights[i] * scores.values[i]).sum() for i in rows))
     dt = time.perf_counter() - t0
     tokens_forwarded = int(sums.tokens_forwarded)
     trees = [batch.trees[i] for i in rows]
