@@ -1,18 +1,24 @@
 """`TrainConfig`: everything one `train` call needs, each field with its default and help.
 
 The fields drive `clawgym train`'s options, the recipe's [train] section and docs/config.md
-(`clawgym.fields`). This module imports no torch, so a recipe loads without it.
+(`clawgym.fields`). This module imports no torch, so a recipe loads without it, and
+`TrainConfig.validate` refuses a bad setting there as `clawgym train` does.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from clawgym.errors import UserError
 from clawgym.fields import option
 
 ALGOS = ("grpo", "ppo", "sft")
 PRECISIONS = ("fp32", "bf16")
+TIS_MODES = ("token", "sequence", "off")
+AGGREGATIONS = ("token-mean", "rollout-mean")
+ATTENTIONS = ("segments", "dense", "flex")
 PER_CALL = frozenset({"trees", "rollouts", "model", "out", "metrics", "resume", "force"})
 """TrainConfig fields its caller fills for each call (where the batch is, where to write, how to treat
 an earlier output): never settings of a recipe's [train] or of a replay"""
@@ -63,3 +69,36 @@ class TrainConfig:
     precision: str = option("fp32", "fp32 | bf16: bf16 weights and gradients, fp32 master weights and AdamW moments (docs/training.md).")
     activation_checkpointing: bool = option(False, "Recompute each decoder layer in the backward instead of storing its activations.",
                                             flag="--activation-checkpointing")
+
+    def validate(self) -> None:
+        """Refuse, in one line, a setting `train` cannot run with. Torch-free: a recipe loader calls it
+        at load. What depends on the machine or on this call's inputs (CUDA for flex attention, peft
+        for LoRA, the model directory) is checked when `train` starts (train/setup.py)."""
+        for name, value, choices in (("algo", self.algo, ALGOS), ("tis", self.tis, TIS_MODES),
+                                     ("aggregation", self.aggregation, AGGREGATIONS), ("precision", self.precision, PRECISIONS)):
+            if value not in choices:
+                raise UserError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.processes < 1:
+            raise UserError(f"--processes must be at least 1, got {self.processes}")
+        if self.accelerate_config is not None and not Path(self.accelerate_config).is_file():
+            raise UserError(f"--accelerate-config {self.accelerate_config}: no such file")
+        if self.attention not in ("auto", *ATTENTIONS):
+            raise UserError(f"--attention must be one of auto, {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        for name in ("epochs", "minibatches", "token_budget"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.head_chunk < 0:
+            raise UserError(f"--head-chunk must be 0 (no chunks) or more, got {self.head_chunk}")
+        if self.kl_coef > 0 and self.ref_model is None:
+            raise UserError("--kl-coef > 0 needs --ref-model (the policy to stay close to)")
+        if self.lora_rank < 0:
+            raise UserError(f"--lora-rank must be 0 (full fine-tuning) or positive, got {self.lora_rank}")
+        if self.lora_rank and self.lora_alpha <= 0:
+            raise UserError(f"--lora-alpha must be positive, got {self.lora_alpha}")
+        if self.lora_rank and not [t for t in self.lora_targets.split(",") if t.strip()]:
+            raise UserError("--lora-targets must name modules (e.g. q_proj,v_proj) or be all-linear")
+        # A launched rank has processes = 1 and its world size in WORLD_SIZE (distributed.write_spec).
+        if self.fsdp and self.processes < 2 and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            raise UserError("--fsdp shards across ranks: use it with --processes 2 or more")
+        if self.fsdp and self.lora_rank:
+            raise UserError("--fsdp with --lora-rank is not supported (the adapters are small: train them data-parallel without --fsdp)")

@@ -22,18 +22,12 @@ from clawgym.errors import UserError
 ADAPTER_DIR = "adapter"
 
 
-def check(rank: int, alpha: float, targets: str) -> None:
-    if rank < 0:
-        raise UserError(f"--lora-rank must be 0 (full fine-tuning) or positive, got {rank}")
-    if rank and alpha <= 0:
-        raise UserError(f"--lora-alpha must be positive, got {alpha}")
-    if rank and not [t for t in targets.split(",") if t.strip()]:
-        raise UserError("--lora-targets must name modules (e.g. q_proj,v_proj) or be all-linear")
-    if rank:
-        try:
-            import peft  # noqa: F401
-        except ImportError:
-            raise UserError("--lora-rank needs peft: pip install 'clawgym[lora]'") from None
+def require_peft() -> None:
+    """peft is an optional extra; its absence is one line naming it (the settings are checked by TrainConfig.validate)."""
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise UserError("--lora-rank needs peft: pip install 'clawgym[lora]'") from None
 
 
 def _targets(targets: str) -> str | list[str]:

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token-mean", "rollout-mean")
-TIS_MODES = ("token", "sequence", "off")
+from clawgym.train.config import AGGREGATIONS, TIS_MODES
 
 
 def grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:

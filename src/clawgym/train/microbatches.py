@@ -1,0 +1,111 @@
+"""This rank's micro-batches of a minibatch: token-budget plans, padding steps and gradient sync behind one iterator.
+
+`train` splits each minibatch (a set of packed trees) into micro-batches that fit `token_budget`,
+forwards and backwards them one at a time and steps the optimizer once. Under data parallelism
+(distributed.py) every rank holds a shard of the trees (`shard`), plans only its own part, and pads
+its list of micro-batches with zero-weight steps up to the longest rank's, so every rank makes the
+same forward/backward calls. `RankMicroBatches` hides all of that:
+
+    plan = micro.plan(rows)                 # this rank's steps of minibatch `rows`, padded
+    for step in micro.steps(plan):          # collated, on the device
+        loss = (micro.token_weights(w, step) * per_token_loss).sum()
+        micro.backward(model, step, loss)   # × world size; gradients all-reduced on the last step only
+
+A padding step forwards the batch's smallest tree with weight zero, so it adds exactly nothing.
+DDP all-reduces gradients on a minibatch's last micro-batch only (`no_sync` before it); FSDP
+reduce-scatters every micro-batch into the shards, since skipping that would keep whole unsharded
+gradients. docs/training.md describes the scheme.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from clawgym.train import trie
+from clawgym.train.distributed import Dist, padded_plan, shard
+from clawgym.train.packing import MicroBatch, PackedTree, collate
+
+Planned = tuple[list[int], list[PackedTree]]
+"""one planned micro-batch: the trees it scores (indices, in label order) and the trees or tries to collate"""
+RankPlan = list[Planned | None]
+"""this rank's micro-batches of a minibatch; None: a padding step"""
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    """One forward/backward call of this rank."""
+
+    rows: list[int]
+    """the trees whose tokens this step scores, in label order (a padding step: the filler tree)"""
+    batch: MicroBatch
+    """collated, on the device"""
+    padding: bool
+    """a zero-weight step, only there so every rank makes the same calls"""
+    last: bool
+    """the minibatch's last step: gradients are reduced across ranks after its backward"""
+
+
+class RankMicroBatches:
+    """Plans, collates and back-propagates this rank's micro-batches of the packed `trees`."""
+
+    def __init__(self, trees: Sequence[PackedTree], dist: Dist, accelerator, *, token_budget: int,
+                 share_prefixes: bool, attention: str, sharded: bool):
+        self.trees, self.dist, self.accelerator = list(trees), dist, accelerator
+        self.token_budget, self.share_prefixes, self.attention, self.sharded = token_budget, share_prefixes, attention, sharded
+        self.owner = shard([t.n_tokens for t in self.trees], dist.world)
+        # The tree a padding step forwards: the smallest, so padding costs least.
+        self.filler = min(range(len(self.trees)), key=lambda i: self.trees[i].n_tokens, default=0)
+
+    def _plan_own(self, mine: list[int]) -> list[Planned]:
+        return trie.plan(self.trees, mine, self.token_budget, self.share_prefixes)
+
+    def plan(self, rows: Sequence[int]) -> RankPlan:
+        """This rank's micro-batches of the minibatch `rows` (group tries when sharing prefixes), padded."""
+        return padded_plan(list(rows), self.owner, self.dist.rank, self.dist.world, self._plan_own)
+
+    def steps(self, plan: RankPlan) -> Iterator[MicroStep]:
+        """The planned steps collated one at a time and moved to the device."""
+        for j, planned in enumerate(plan):
+            rows, parts = planned if planned is not None else ([self.filler], [self.trees[self.filler]])
+            mb = collate(parts, range(len(parts)), attention=self.attention)
+            yield MicroStep(rows, mb.to(self.accelerator.device), planned is None, j == len(plan) - 1)
+
+    def gather(self, per_tree: Sequence[torch.Tensor], step: MicroStep) -> torch.Tensor:
+        """The step's trees' token tensors, in label order, on the device: [T_step]."""
+        return torch.cat([per_tree[i] for i in step.rows]).to(self.accelerator.device)
+
+    def token_weights(self, per_tree: dict[int, torch.Tensor], step: MicroStep) -> torch.Tensor:
+        """The step's aggregation weights; zero on a padding step."""
+        w = torch.zeros(self.trees[self.filler].n_trainable) if step.padding else torch.cat([per_tree[i] for i in step.rows])
+        return w.to(self.accelerator.device)
+
+    def seq_index(self, step: MicroStep) -> torch.Tensor:
+        """[T_step] long: which of the step's trees (0..len(rows)-1) each scored token belongs to."""
+        return torch.cat([torch.full((self.trees[i].n_trainable,), j) for j, i in enumerate(step.rows)]).to(self.accelerator.device)
+
+    def backward(self, model, step: MicroStep, loss: torch.Tensor) -> None:
+        """Back-propagate this rank's part of a minibatch loss. DDP averages gradients over ranks, so
+        × world makes the ranks' partial sums add up to the loss; they are reduced on the last step only."""
+        sync = contextlib.nullcontext() if step.last or self.sharded else self.accelerator.no_sync(model)
+        with sync:
+            self.accelerator.backward(loss * self.dist.world)
+
+    def score(self, module, plan: RankPlan) -> list[torch.Tensor]:
+        """One no-grad pass of `module` over this rank's steps; every rank gets every tree's [T] output.
+
+        Same packing, micro-batches and autocast as the update, so logp_old matches the first update's logp.
+        """
+        mine: dict[int, torch.Tensor] = {}
+        with torch.no_grad(), self.accelerator.autocast():
+            for step in self.steps(plan):
+                out = module(step.batch)
+                if step.padding:
+                    continue
+                out = out[0] if isinstance(out, tuple) else out
+                mine.update(zip(step.rows, out.float().cpu().split([self.trees[i].n_trainable for i in step.rows])))
+        every = self.dist.gather_dict(mine)
+        return [every[i] for i in range(len(self.trees))]
