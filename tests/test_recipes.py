@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clawgym.config import load_recipe, recipe_to_toml
+from clawgym.config import check_runnable, load_recipe, recipe_to_toml
 from clawgym.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +47,19 @@ def _recipe(tmp_path: Path, body: str) -> Path:
 def test_recipe_errors_name_the_key(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
         load_recipe(_recipe(tmp_path, body))
+
+
+@pytest.mark.parametrize("body,message", [
+    ("[train]\nalgo = 'grpp'\n", r"\[train\] key 'algo': unknown 'grpp' \(did you mean 'grpo'\?\); choose one of: grpo, ppo, sft"),
+    # what `train` itself refuses (TrainConfig.validate, torch-free), refused before `clawgym run` writes
+    ("[train]\nlora_rank = 4\nlora_alpha = 0\n", r"\[train\]: --lora-alpha must be positive, got 0"),
+    ("[train]\nhead_chunk = -1\n", r"\[train\]: --head-chunk must be 0 \(no chunks\) or more, got -1"),
+    ("[train]\nfsdp = true\n", r"\[train\]: --fsdp shards across ranks"),
+])
+def test_train_settings_train_would_refuse_are_refused_before_the_run(tmp_path: Path, body: str, message: str) -> None:
+    r = load_recipe(_recipe(tmp_path, body))
+    with pytest.raises(UserError, match=message):
+        check_runnable(r)
 
 
 def test_model_and_tasks_are_required(tmp_path: Path) -> None:

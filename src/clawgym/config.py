@@ -45,7 +45,7 @@ from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
 from clawgym.model import SIZES
 from clawgym.pretrained import PRETRAINED
 from clawgym.templates import SHIPPED, load_chat_template
-from clawgym.train.config import PER_CALL, TrainConfig
+from clawgym.train.config import AGGREGATIONS, ALGOS, ATTENTIONS, PER_CALL, PRECISIONS, TIS_MODES, TrainConfig
 
 
 @dataclass
@@ -471,9 +471,9 @@ def _validate_harness_options(r: Recipe, where: str) -> None:
 
 
 # [train] keys whose value is one of a fixed set of names: (key, module holding the names, its attribute)
-_TRAIN_CHOICES = (("algo", "clawgym.train.config", "ALGOS"), ("precision", "clawgym.train.config", "PRECISIONS"),
-                  ("tis", "clawgym.train.losses", "TIS_MODES"), ("aggregation", "clawgym.train.losses", "AGGREGATIONS"),
-                  ("attention", "clawgym.train.packing", "ATTENTIONS"))
+# [train] keys with a fixed set of values, named with a did-you-mean at load (train/config.py owns the sets)
+_TRAIN_CHOICES = {"algo": ALGOS, "precision": PRECISIONS, "tis": TIS_MODES, "aggregation": AGGREGATIONS,
+                  "attention": ("auto", *ATTENTIONS)}
 
 
 def _train_settings(r: Recipe) -> dict[str, Any]:
@@ -483,12 +483,9 @@ def _train_settings(r: Recipe) -> dict[str, Any]:
 
 def _validate_train(r: Recipe, where: str) -> None:
     """The [train] values `clawgym train` would refuse, refused at load (before the cold start and a step of rollouts)."""
-    import importlib
-
     t, resolved = r.train, _train_settings(r)
-    for key, module, attr in _TRAIN_CHOICES:
-        if key in t:  # the modules holding the names import torch: only when the key is set
-            choices = (*(("auto",) if key == "attention" else ()), *getattr(importlib.import_module(module), attr))
+    for key, choices in _TRAIN_CHOICES.items():
+        if key in t:
             if t[key] not in choices:
                 raise UserError(f"{where} [train] key '{key}': unknown '{t[key]}'{did_you_mean(t[key], choices)}; "
                                 f"choose one of: {', '.join(choices)}")
@@ -499,6 +496,10 @@ def _validate_train(r: Recipe, where: str) -> None:
         raise UserError(f"{where} [train] key 'kl_coef' > 0 needs 'ref_model' (the policy to stay close to)")
     if resolved["lora_rank"] < 0:
         raise UserError(f"{where} [train] key 'lora_rank' must be 0 (full fine-tuning) or positive, got {t['lora_rank']}")
+    try:  # the rest of what `train` refuses, by its own torch-free check (train/config.py)
+        _train_config(RunLayout(r.run_dir).step(0), Path("."), resolved).validate()
+    except UserError as e:
+        raise UserError(f"{where} [train]: {e}") from None
 
 
 def _check_extras(r: Recipe, where: str) -> None:
