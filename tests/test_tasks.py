@@ -323,7 +323,6 @@ def test_cli_import_and_validate(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "imported 1 task(s)" in r.output
     r = runner.invoke(app, ["tasks", "validate", str(tmp_path / "out"), "--all", "--json", str(tmp_path / "v.json")])
     assert r.exit_code == 0 and "task_demo" in r.output and "tasks by flag" in r.output
-    assert "sandbox: local (bwrap): files" in r.output   # what the verifiers ran inside, said once
     assert json.loads((tmp_path / "v.json").read_text())["noop"]["0"] == 1
     make_task(tmp_path / "out", "broken", toml="[verifier]\nkind = 'nope'\n")
     assert runner.invoke(app, ["tasks", "validate", str(tmp_path / "out")]).exit_code == 1
@@ -331,7 +330,7 @@ def test_cli_import_and_validate(tmp_path: Path) -> None:
     r = runner.invoke(app, ["tasks", "validate", str(tmp_path / "out"), "--network", "blackhole"])
     assert isinstance(r.exception, UserError) and "choose --sandbox local-unisolated" in str(r.exception)
     r = runner.invoke(app, ["tasks", "validate", str(tmp_path / "out"), "--sandbox", "local-unisolated", "--network", "blackhole"])
-    assert r.exit_code == 1 and "NOT" not in r.output and "nothing enforced" in r.output and "broken" in r.output
+    assert r.exit_code == 1 and "broken" in r.output and r.exception.__class__ is SystemExit
     for cmd in (["tasks", "import", "--help"], ["tasks", "validate", "--help"]):
         assert "Example:" in runner.invoke(app, cmd).output
 
