@@ -25,7 +25,7 @@ import orjson
 from rich.console import Console
 
 from clawgym import artifacts as A
-from clawgym.config import Recipe
+from clawgym.config import Recipe, sft_engine_options
 from clawgym.eval import pass_table
 from clawgym.layout import RunLayout
 
@@ -59,8 +59,8 @@ def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console, r
         console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
         cfg = rollout_config(recipe, sdir.path, 0, 0, tasks=sft.tasks or recipe.rollout.tasks, n=sft.n,
                              harnesses=sft.harnesses or None)
-        options = {"family": sft.family} if sft.engine == "teacher" else dict(recipe.engine.options)
-        run_rollouts(dataclasses.replace(cfg, model=policy, engine=sft.engine, engine_options=options, id_prefix="sft."), console)
+        run_rollouts(dataclasses.replace(cfg, model=policy, engine=sft.engine, engine_options=sft_engine_options(recipe),
+                                         id_prefix="sft."), console)
     if not sdir.trees.exists():
         from clawgym.trees import resolve_config, run_build_trees
 

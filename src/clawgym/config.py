@@ -419,21 +419,23 @@ def _check_extras(r: Recipe, where: str) -> None:
             raise UserError(f"{where} [{section}] key '{key}' needs the {package} package: pip install 'clawgym[{extra}]'")
 
 
+def sft_engine_options(r: Recipe) -> dict[str, Any]:
+    """The [sft] engine's options: the recipe's [engine] options, with [sft] `family` as the option 'family'."""
+    return dict(r.engine.options) | ({"family": r.sft.family} if r.sft.family is not None else {})
+
+
 def _validate_sft(r: Recipe, where: str) -> None:
-    from clawgym.engines.registry import ENGINES
+    from clawgym.engines.registry import check_engine
 
     s = r.sft
     if s.n < 0:
         raise UserError(f"{where} [sft] key 'n' must be at least 0, got {s.n}")
     if not s.n:
         return
-    if s.engine not in ENGINES:
-        raise UserError(f"{where} [sft] key 'engine': unknown engine '{s.engine}'; choose one of: {', '.join(sorted(ENGINES))}")
-    if s.engine == "teacher":
-        from clawgym.tasks.families import FAMILIES
-
-        if s.family not in FAMILIES:
-            raise UserError(f"{where} [sft] key 'family': the teacher engine needs a task family, one of: {', '.join(sorted(FAMILIES))}")
+    try:
+        check_engine(s.engine, sft_engine_options(r))
+    except UserError as e:
+        raise UserError(f"{where} [sft]: {e}") from None
     for key in ("epochs", "minibatches"):
         if getattr(s, key) < 1:
             raise UserError(f"{where} [sft] key '{key}' must be at least 1, got {getattr(s, key)}")
