@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import textwrap
@@ -72,6 +73,9 @@ def test_agentloop_rollouts_are_scored_recorded_and_classified(tmp_path: Path, t
     calls = A.materialize_prompts(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord))
     assert sorted(r.rollout_id for r in rollouts) == sorted(by_id)
     assert len(calls) == 4 and {c.role for c in calls} == {"main"}
+    # the roles the adapter read from the proxy's conversation log, kept in the rows a resumed run reads
+    rows = A.read_jsonl(tmp_path / "out" / "results.jsonl").records
+    assert [r["call_roles"] for r in rows] == [{"0": "main", "1": "main"}] * 2
     first, second = sorted((c for c in calls if c.rollout_id == "hello.agentloop.0"), key=lambda c: c.seq)
     # the second prompt extends the first prompt and its sampled tokens, token for token
     assert second.prompt_ids[: len(first.prompt_ids) + len(first.output_ids)] == first.prompt_ids + first.output_ids
@@ -150,17 +154,20 @@ def test_a_proxy_on_every_interface_is_advertised_at_a_reachable_address() -> No
             pass
 
 
-def test_a_proxy_on_this_machine_lends_the_runner_its_tokenizer(tmp_path: Path, tiny_model: Path) -> None:
-    """With --proxy URL (no --model), call roles are still classified from the prompts' text."""
+def test_connecting_to_a_proxy_checks_its_url_and_token_before_any_rollout(tmp_path: Path, tiny_model: Path) -> None:
+    """--proxy URL: a wrong admin token fails at connect, not in the middle of the rollouts."""
     from clawgym.proxy.server import ProxyConfig, ProxyThread
-    from clawgym.rollout.proxy_client import ProxyClient
+    from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable
 
     pc = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path / "records")
     with ProxyThread(pc) as thread:
         cfg = RolloutConfig(tasks=tmp_path, harnesses=["agentloop"], out=tmp_path / "out", proxy_url=thread.url,
                             admin_token=thread.server.admin_token, records=tmp_path / "records")
         with ProxyClient.connect(cfg) as client:
-            assert client.model_dir == Path(tiny_model).resolve()
+            assert client.records == tmp_path / "records"
+        with pytest.raises(ProxyUnavailable):
+            with ProxyClient.connect(dataclasses.replace(cfg, admin_token="wrong")):
+                pass
 
 
 def test_tasks_per_step_draws_a_different_subset_each_step_and_the_same_on_a_rerun(tmp_path: Path) -> None:
