@@ -58,6 +58,14 @@ def make_task(root: Path, task_id: str, instruction: str = "Write hi to out.txt.
     return d
 
 
+def scripted_config(tmp_path: Path, tiny_model: Path, script_path: Path, **kw):
+    """A RolloutConfig for agentloop rollouts of the tasks in tmp_path/tasks against the scripted engine."""
+    from clawgym.rollout.runner import RolloutConfig
+
+    return RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", model=tiny_model,
+                         engine="scripted", engine_options={"script": str(script_path)}, **kw)
+
+
 def tool_call(name: str, **args) -> str:
     """A tool call in the tiny model's (Hermes) form, as a scripted answer."""
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from clawgym.artifacts import materialize_prompts
-from clawgym.proxy import ProxyConfig, ProxyThread, read_records
+from clawgym.proxy import ProxyThread, read_records
 from clawgym.rollout.harnesses.base import Endpoint
 from clawgym.rollout.harnesses.claude_code import ClaudeCode
 from clawgym.rollout.harnesses.codex import Codex
@@ -39,14 +39,10 @@ def need(binary: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    # Harness prompts (20-40k tokens with the tiny tokenizer) exceed the tiny model's window; the
-    # scripted engine does not care, so the window is lifted here.
-    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path_factory.mktemp("records"),
-                         max_context=1 << 20, audit_render=True, ping_interval_s=0.1)
-    with ProxyThread(config) as p:
-        yield p
+# Harness prompts (20-40k tokens with the tiny tokenizer) exceed the tiny model's window; the
+# scripted engine does not care, so the window is lifted here.
+PROXY = {"max_context": 1 << 20, "audit_render": True, "ping_interval_s": 0.1}
+"""the module's proxy (conftest `proxy`)"""
 
 
 def base_env(home: Path) -> dict[str, str]:
