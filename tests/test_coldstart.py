@@ -127,7 +127,7 @@ def test_the_teacher_serves_a_llama3_template_through_the_proxy(tiny_model: Path
     import openai
     from transformers import AutoTokenizer
 
-    from clawgym.proxy import ProxyConfig, ProxyThread
+    from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 
     model = model_with_template(tiny_model, tmp_path / "llama", template_fixture("llama3.2.jinja"), llama=True)
     tok = AutoTokenizer.from_pretrained(model)
@@ -148,7 +148,11 @@ def test_the_teacher_serves_a_llama3_template_through_the_proxy(tiny_model: Path
                 messages += [{"role": "assistant", "content": None, "tool_calls": [
                     {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
                              {"role": "tool", "tool_call_id": call.id, "content": result}]
+        proxy.settle("llama-teacher")
+        recorded = [tok.decode(r.output_ids) for r in read_records(proxy.config.records_dir / "llama-teacher.jsonl")]
     assert answers == [[("bash", {"command": "grep -h log= *"})], [("write", {"path": "answer.txt", "content": "7"})], "done"]
+    # the recorded ids are the student's tokenizer's, in Llama's call form, through its end of turn
+    assert recorded[0] == '{"name": "bash", "parameters": {"command": "grep -h log= *"}}<|eot_id|>' and recorded[2] == "done<|eot_id|>"
 
 
 def teacher_calls_through(harness: str, model: Path, tmp_path: Path, step: Path) -> list[dict]:
