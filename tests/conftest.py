@@ -1,4 +1,6 @@
-"""Shared fixtures: the tiny policy model is built once per test session (init-model is deterministic)."""
+"""Shared fixtures: the tiny policy model, built once per test session (init-model is deterministic), and
+a serving proxy over it per test module (`proxy`). Plain helpers (task folders, scripts, templates) are
+in helpers.py."""
 
 from __future__ import annotations
 
@@ -85,3 +87,19 @@ def fake_proxy():
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv.server_address[1]
     srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def proxy(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A serving proxy (`clawgym.proxy.ProxyThread`) over the tiny model, shared by one test module:
+    on a port the OS picks, recording into a fresh folder, with the scripted engine unless the module
+    says otherwise. A module sets its other ProxyConfig fields in a dict `PROXY`, and those that need
+    files (a script) in `proxy_settings(folder)`, a function of a fresh folder returning such a dict."""
+    from clawgym.proxy import ProxyConfig, ProxyThread
+
+    folder = tmp_path_factory.mktemp("proxy")
+    settings = {"engine": "scripted", **getattr(request.module, "PROXY", {})}
+    if (make := getattr(request.module, "proxy_settings", None)) is not None:
+        settings |= make(folder)
+    with ProxyThread(ProxyConfig(model_dir=tiny_model, port=0, records_dir=folder / "records", **settings)) as p:
+        yield p

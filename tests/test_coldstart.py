@@ -12,25 +12,28 @@ from rich.console import Console
 from clawgym import artifacts as A
 from clawgym.config import load_recipe
 from clawgym.engines import EngineConfig, EngineError, Sampling, make_engine
-from clawgym.engines.teacher import read_prompt
+from clawgym.engines.base import Chat, ReadsChat
 from clawgym.errors import UserError
 from clawgym.rollout.harnesses.agentloop import SYSTEM_PROMPT, TOOLS
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.tasks.families import FAMILIES, make_tasks
 from clawgym.tasks.generated import Reply, ToolCall
+from clawgym.tasks.teacher import HARNESSES, fit_call, harness_form, offered_tools, read_chat, workdir
 from clawgym.train.loop import TrainConfig, train
 from clawgym.trees import resolve_config, run_build_trees
+from helpers import model_with_template, template_fixture
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
-def test_the_teacher_reads_the_rendered_prompt_and_answers_in_the_served_tokenizer(tiny_model: Path) -> None:
+def test_the_teacher_reads_the_conversation_and_answers_in_the_served_tokenizer(tiny_model: Path) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     engine = make_engine("teacher", EngineConfig(tiny_model, {"family": "lookup"}))
+    assert isinstance(engine, ReadsChat)  # the proxy hands it the parsed conversation
     instruction = "Write the value of key log to answer.txt."
     msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
     first = FAMILIES["lookup"].teach(instruction, [])
@@ -38,23 +41,24 @@ def test_the_teacher_reads_the_rendered_prompt_and_answers_in_the_served_tokeniz
     msgs += [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
         "name": "bash", "arguments": json.dumps({"command": "grep -h log= *"})}}]},
              {"role": "tool", "tool_call_id": "c1", "content": "exit code 0\nlog=7\n"}]
-    prompt = render(tok, msgs)
-    assert read_prompt(tok.decode(prompt)) == ([instruction], ["exit code 0\nlog=7\n"])
-    gen = asyncio.run(engine.generate(prompt, Sampling(max_tokens=64), "r1"))
+    assert read_chat(Chat(msgs, TOOLS), HARNESSES["agentloop"]) == ([instruction], ["exit code 0\nlog=7\n"])
+    gen = asyncio.run(engine.generate_chat(render(tok, msgs), Chat(msgs, TOOLS), Sampling(max_tokens=64), "r1"))
     # The init-model template's own (Hermes) call form, then its end of turn.
     hermes = '<tool_call>\n{"name": "write", "arguments": {"path": "answer.txt", "content": "7"}}\n</tool_call>'
     assert gen.output_ids == tok(hermes).input_ids + [tok.eos_token_id] and gen.finish_reason == "stop"
-    last = render(tok, msgs + [{"role": "assistant", "content": tok.decode(gen.output_ids[:-1])},
-                              {"role": "tool", "tool_call_id": "c2", "content": "exit code 0\n"}])
-    done = asyncio.run(engine.generate(last, Sampling(max_tokens=64), "r1"))
+    msgs += [{"role": "assistant", "content": tok.decode(gen.output_ids[:-1])}, {"role": "tool", "tool_call_id": "c2", "content": "exit code 0\n"}]
+    done = asyncio.run(engine.generate_chat(render(tok, msgs), Chat(msgs, TOOLS), Sampling(max_tokens=64), "r1"))
     assert done.output_ids == tok("done").input_ids + [tok.eos_token_id]
-    foreign = render(tok, [{"role": "user", "content": "What is 2+2?"}])
+    foreign = [{"role": "user", "content": "What is 2+2?"}]
     with pytest.raises(EngineError, match="teacher 'lookup' cannot answer rollout 'r2'"):
-        asyncio.run(engine.generate(foreign, Sampling(max_tokens=64), "r2"))
+        asyncio.run(engine.generate_chat(render(tok, foreign), Chat(foreign, TOOLS), Sampling(max_tokens=64), "r2"))
+    with pytest.raises(EngineError, match="answers from the conversation"):
+        asyncio.run(engine.generate(render(tok, foreign), Sampling(max_tokens=64), "r2"))
     with pytest.raises(EngineError, match="no weights to reload"):
         asyncio.run(engine.reload(tiny_model))
-    with pytest.raises(UserError, match="needs the option 'family'"):
-        make_engine("teacher", EngineConfig(tiny_model, {}))
+    for options in ({}, {"family": "nope"}):
+        with pytest.raises(UserError, match="needs a task family, one of: lookup"):
+            make_engine("teacher", EngineConfig(tiny_model, options))
 
 
 @pytest.mark.slow
@@ -85,24 +89,70 @@ def test_teacher_trajectories_go_through_proxy_and_harness_and_sft_trains_on_the
 
 
 def test_the_teacher_fits_its_calls_to_the_tools_the_harness_offers() -> None:
-    from clawgym.engines.teacher import fit_call, offered_tools
+    def chat(*specs: tuple[str, list[str]], system: str = "", results: tuple[str, ...] = ()) -> Chat:
+        tools = [{"type": "function", "function": {"name": n, "parameters": {
+            "type": "object", "properties": {p: {"type": "string"} for p in ps}}}} for n, ps in specs]
+        return Chat([{"role": "system", "content": system}, {"role": "user", "content": "task"}]
+                    + [{"role": "tool", "content": r} for r in results], tools)
 
-    def tools_block(*specs: tuple[str, list[str]]) -> str:
-        return "<tools>\n" + "\n".join(json.dumps({"type": "function", "function": {"name": n, "parameters": {
-            "type": "object", "properties": {p: {"type": "string"} for p in ps}}}}) for n, ps in specs) + "\n</tools>"
+    def fit(call: ToolCall, c: Chat) -> tuple[str, dict]:
+        tools = offered_tools(c)
+        form = harness_form(tools)
+        return fit_call(call, tools, form, workdir(c, form))
 
     write = ToolCall("write", {"path": "answer.txt", "content": "it's 4"})
-    claude = "SDK.CWD: /workspace\n\n" + tools_block(("Bash", ["command", "timeout"]), ("Write", ["file_path", "content"]))
-    assert fit_call(write, offered_tools(claude), claude) == ("Write", {"file_path": "/workspace/answer.txt", "content": "it's 4"})
-    assert fit_call(ToolCall("bash", {"command": "ls"}), offered_tools(claude), claude) == ("Bash", {"command": "ls"})
-    shell_only = tools_block(("shell", ["command"]))
-    assert fit_call(write, offered_tools(shell_only), shell_only) == ("shell", {"command": "printf '%s' 'it'\"'\"'s 4' > answer.txt"})
-    codex = tools_block(("exec_command", ["cmd", "workdir"]), ("write_stdin", ["chars"]))
-    assert fit_call(ToolCall("bash", {"command": "cat a.txt"}), offered_tools(codex), codex) == ("exec_command", {"cmd": "cat a.txt"})
-    assert fit_call(write, offered_tools(codex), codex) == ("exec_command", {"cmd": "printf '%s' 'it'\"'\"'s 4' > answer.txt"})
-    agentloop = tools_block(("bash", ["command"]), ("write", ["path", "content"]))
-    assert fit_call(write, offered_tools(agentloop), agentloop) == ("write", dict(write.arguments))
-    assert offered_tools("no tools here") is None and fit_call(write, None, "") == ("write", dict(write.arguments))
+    printf = "printf '%s' 'it'\"'\"'s 4' > answer.txt"
+    # Claude Code's system blocks arrive run together: its CWD line may follow other text directly
+    claude = chat(("Bash", ["command", "timeout"]), ("Write", ["file_path", "content"]), system="SDK.CWD: /workspace\n\n")
+    assert harness_form(offered_tools(claude)) is HARNESSES["claude-code"]
+    assert fit(write, claude) == ("Write", {"file_path": "/workspace/answer.txt", "content": "it's 4"})
+    assert fit(ToolCall("bash", {"command": "ls"}), claude) == ("Bash", {"command": "ls"})
+    openclaw = chat(("exec", ["command"]), ("read", ["path"]))
+    assert fit(write, openclaw) == ("exec", {"command": printf})
+    codex = chat(("exec_command", ["cmd", "workdir"]), ("write_stdin", ["chars"]),
+                 results=("Chunk ID: 1\nWall time: 0.1 seconds\nProcess exited with code 0\nOriginal token count: 2\nOutput:\nlog=7\n",))
+    assert fit(ToolCall("bash", {"command": "cat a.txt"}), codex) == ("exec_command", {"cmd": "cat a.txt"})
+    assert fit(write, codex) == ("exec_command", {"cmd": printf})
+    assert read_chat(codex, harness_form(offered_tools(codex))) == (["task"], ["log=7\n"])  # the command's output alone
+    agentloop = chat(("bash", ["command"]), ("write", ["path", "content"]))
+    assert fit(write, agentloop) == ("write", dict(write.arguments))
+    assert offered_tools(chat()) == {} and fit(write, chat()) == ("write", dict(write.arguments))
+
+
+def test_the_teacher_serves_a_llama3_template_through_the_proxy(tiny_model: Path, tmp_path: Path) -> None:
+    """Under Llama 3.2's template (headers, not ChatML; tools in the first user message, results under
+    `ipython`) the teacher still finds the instruction and the tool results, because it reads the
+    conversation the proxy parsed, and it answers in Llama's own call form, which the proxy parses
+    back into tool calls. (It read decoded ChatML before and found no instruction here.)"""
+    import openai
+    from transformers import AutoTokenizer
+
+    from clawgym.proxy import ProxyConfig, ProxyThread, read_records
+
+    model = model_with_template(tiny_model, tmp_path / "llama", template_fixture("llama3.2.jinja"), llama=True)
+    tok = AutoTokenizer.from_pretrained(model)
+    config = ProxyConfig(model_dir=model, engine="teacher", engine_options={"family": "lookup"}, port=0,
+                         records_dir=tmp_path / "records", audit_render=True)
+    with ProxyThread(config) as proxy:
+        assert proxy.server.tool_parser == "llama3-json"
+        reg = proxy.register("llama-teacher")
+        client = openai.OpenAI(base_url=reg["openai_base_url"], api_key=reg["api_key"], max_retries=0)
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": "Write the value of key log to answer.txt."}]
+        answers = []
+        for result in ("exit code 0\nlog=7\n", "exit code 0\n", None):
+            msg = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_completion_tokens=64).choices[0].message
+            answers.append([(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls or []] or msg.content)
+            if result is not None:
+                call = msg.tool_calls[0]
+                messages += [{"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+                             {"role": "tool", "tool_call_id": call.id, "content": result}]
+        proxy.settle("llama-teacher")
+        recorded = [tok.decode(r.output_ids) for r in read_records(proxy.config.records_dir / "llama-teacher.jsonl")]
+    assert answers == [[("bash", {"command": "grep -h log= *"})], [("write", {"path": "answer.txt", "content": "7"})], "done"]
+    # the recorded ids are the student's tokenizer's, in Llama's call form, through its end of turn
+    assert recorded[0] == '{"name": "bash", "parameters": {"command": "grep -h log= *"}}<|eot_id|>' and recorded[2] == "done<|eot_id|>"
 
 
 def teacher_calls_through(harness: str, model: Path, tmp_path: Path, step: Path) -> list[dict]:

@@ -24,18 +24,14 @@ from clawgym.rollout.harnesses.agentloop import SYSTEM_PROMPT, TOOLS, AgentLoop,
 from clawgym.rollout.harnesses.base import Endpoint
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 
-from test_rollout import CHECK_HI, make_task, script, tool_call
+from helpers import CHECK_HI, make_task, script, tool_call
 
 WINDOW = 256
 LONG = "word " * 2000
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path_factory.mktemp("records"),
-                         max_context=WINDOW, ping_interval_s=0.05)
-    with ProxyThread(config) as p:
-        yield p
+PROXY = {"max_context": WINDOW, "ping_interval_s": 0.05}
+"""the module's proxy (conftest `proxy`): a small window"""
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

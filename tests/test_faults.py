@@ -36,11 +36,10 @@ from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.trees import build_rollout_tree
 
-from test_rollout import CHECK_HI, script, tool_call
-from test_rollout import make_task as rollout_task
+from helpers import CHECK_HI, make_task, script, tool_call
 
-def make_task(root: Path, task_id: str, timeout: int = 60) -> Path:
-    return rollout_task(root, task_id, "Say hi.", timeout, check=CHECK_HI)
+SAY_HI = {"instruction": "Say hi.", "check": CHECK_HI}
+"""the task the fault tests run (helpers.make_task)"""
 
 
 def free_port() -> int:
@@ -84,7 +83,7 @@ def start_proxy(model: Path, records: Path, port: int, token: str, script: Path 
 @pytest.mark.slow
 def test_proxy_sigkill_mid_rollout_then_restart(tmp_path: Path, tiny_model: Path) -> None:
     tasks, records, port, token = tmp_path / "tasks", tmp_path / "records", free_port(), "admin-secret-token-123"
-    make_task(tasks, "kill", timeout=60)
+    make_task(tasks, "kill", timeout=60, **SAY_HI)
     ids = [f"kill.agentloop.{i}" for i in range(3)]
     # Each rollout: one call answered at once, then a call the engine holds for a minute (killed meanwhile).
     s = script(tmp_path / "script.jsonl", {rid: [tool_call("bash", command=f"echo {rid} > f.txt"),
@@ -271,7 +270,7 @@ def test_a_rollout_whose_records_were_lost_is_an_infra_error(tmp_path: Path, tin
         return real_write(self, record)
 
     monkeypatch.setattr(A.JsonlWriter, "append", append)
-    make_task(tmp_path / "tasks", "full")
+    make_task(tmp_path / "tasks", "full", **SAY_HI)
     s = script(tmp_path / "s.jsonl", {"full.agentloop.0": [tool_call("bash", command="true"), "Done."]})
     cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", model=tiny_model,
                         engine="scripted", engine_options={"script": str(s)})
@@ -289,7 +288,7 @@ def test_a_rollout_whose_records_were_lost_is_an_infra_error(tmp_path: Path, tin
 
 @pytest.mark.slow
 def test_engine_error_storm_retries_recorded_and_dropped_by_build_trees(tmp_path: Path, tiny_model: Path) -> None:
-    make_task(tmp_path / "tasks", "storm")
+    make_task(tmp_path / "tasks", "storm", **SAY_HI)
     # Every model call fails twice before it succeeds (the agentloop SDK client retries 3 times).
     boom = {"error": "engine overloaded"}
     items = {f"storm.agentloop.{i}": [boom, boom, tool_call("bash", command="echo hi > out.txt"), boom, boom, "Done."]
@@ -384,7 +383,7 @@ def test_sandbox_deleted_underneath_a_rollout(tmp_path: Path, tiny_model: Path) 
     excluded from training; the other rollout is untouched."""
     from clawgym.rollout.sandbox import default_base_dir
 
-    make_task(tmp_path / "tasks", "del")
+    make_task(tmp_path / "tasks", "del", **SAY_HI)
     s = script(tmp_path / "s.jsonl", {
         "del.agentloop.0": [tool_call("bash", command="sleep 4; echo hi > out.txt"), "Done."],
         "del.agentloop.1": [tool_call("bash", command="sleep 4; echo hi > out.txt"), "Done."],

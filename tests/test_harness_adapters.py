@@ -11,6 +11,7 @@ import pytest
 from clawgym.rollout.harnesses import HARNESSES, Endpoint
 from clawgym.rollout.harnesses.agentloop import run_tool
 from clawgym.rollout.harnesses.base import classify_by_tools
+from helpers import model_with_template, template_fixture
 
 EP = Endpoint(base_url="http://127.0.0.1:9/r/abc", api_key="sk-rollout-key", model="policy")
 
@@ -162,8 +163,43 @@ def test_runner_classifies_against_the_first_call_with_tools() -> None:
                           policy_version=0, tool_names=tools)
 
     calls = [call(0, []), call(1, ["Bash", "Read"]), call(2, ["Read"]), call(3, ["Bash", "Read"])]
-    roles = [c.role for c in _classify(calls, {"r": HARNESSES["claude-code"]()}, None)]
+    roles = [c.role for c in _classify(calls, {"r": HARNESSES["claude-code"]()}, {})]  # no conversation log: tools alone
     assert roles == ["aux", "main", "subagent", "main"]
+    # the roles read from the proxy's conversation log win; a call missing from it falls back to its tools
+    logged = {"r": {"0": "aux", "1": "main", "2": "subagent", "3": "compaction"}}
+    assert [c.role for c in _classify(calls, {"r": HARNESSES["claude-code"]()}, logged)] == ["aux", "main", "subagent", "compaction"]
+    logged["r"].pop("3")
+    assert [c.role for c in _classify(calls, {"r": HARNESSES["claude-code"]()}, logged)] == ["aux", "main", "subagent", "main"]
+
+
+def test_roles_come_from_the_conversation_the_proxy_parsed_under_any_template(tiny_model: Path, tmp_path: Path) -> None:
+    """Claude Code's title and compaction requests, sent with the anthropic SDK to a proxy whose model
+    has Llama 3.2's template (not ChatML): the adapter reads each call's last user message from the
+    proxy's conversation log (decoding ChatML found none here), so the title call is `aux`, the
+    compaction `compaction`, and the agent's own calls `main`."""
+    import anthropic
+
+    from clawgym.proxy import ProxyConfig, ProxyThread
+    from clawgym.rollout.harnesses.base import call_roles
+
+    model = model_with_template(tiny_model, tmp_path / "llama", template_fixture("llama3.2.jinja"), llama=True)
+    config = ProxyConfig(model_dir=model, engine="scripted", port=0, records_dir=tmp_path / "records")
+    tools = [{"name": "Bash", "description": "Run", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    title = "<session>\nfix the bug\n</session>\n\nWrite the title in the language the user wrote in."
+    with ProxyThread(config) as proxy:
+        reg = proxy.register("cc", script=["A title", "Looking.", "Still looking.", "Summary: looked."])
+        client = anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0)
+        turns = [([], [{"role": "user", "content": title}]),
+                 (tools, [{"role": "user", "content": "fix the bug"}]),
+                 (tools, [{"role": "user", "content": "fix the bug"}, {"role": "assistant", "content": "Looking."},
+                          {"role": "user", "content": "go on"}]),
+                 (tools, [{"role": "user", "content": "fix the bug"}, {"role": "assistant", "content": "Looking."},
+                          {"role": "user", "content": "Your task is to create a detailed summary of the conversation so far."}])]
+        for t, messages in turns:
+            client.messages.create(model="m", max_tokens=8, messages=messages, **({"tools": t} if t else {}))
+        log = proxy.client.conversation("cc")
+    assert [c["last_user"] for c in log] == [title, "fix the bug", "go on", turns[3][1][-1]["content"]]
+    assert call_roles(HARNESSES["claude-code"](), log) == {0: "aux", 1: "main", 2: "main", 3: "compaction"}
 
 
 def test_real_harnesses_say_how_to_install_when_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

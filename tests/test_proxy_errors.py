@@ -18,12 +18,8 @@ from clawgym.proxy.client import ProxyUnavailable
 WINDOW = 400
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path_factory.mktemp("records"),
-                         max_body_bytes=50_000, max_context=WINDOW, ping_interval_s=0.02)
-    with ProxyThread(config) as p:
-        yield p
+PROXY = {"max_body_bytes": 50_000, "max_context": WINDOW, "ping_interval_s": 0.02}
+"""the module's proxy (conftest `proxy`): a small body limit and window"""
 
 
 def post(url: str, body: bytes, headers: dict) -> tuple[int, dict]:

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from clawgym.artifacts import materialize_prompts
-from clawgym.proxy import ProxyConfig, ProxyThread, read_records
+from clawgym.proxy import ProxyThread, read_records
 from clawgym.rollout.harnesses.base import Endpoint
 from clawgym.rollout.harnesses.claude_code import ClaudeCode
 from clawgym.rollout.harnesses.codex import Codex
-from clawgym.rollout.runner import last_user_text
+from clawgym.rollout.harnesses.base import call_roles
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -39,14 +39,10 @@ def need(binary: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    # Harness prompts (20-40k tokens with the tiny tokenizer) exceed the tiny model's window; the
-    # scripted engine does not care, so the window is lifted here.
-    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path_factory.mktemp("records"),
-                         max_context=1 << 20, audit_render=True, ping_interval_s=0.1)
-    with ProxyThread(config) as p:
-        yield p
+# Harness prompts (20-40k tokens with the tiny tokenizer) exceed the tiny model's window; the
+# scripted engine does not care, so the window is lifted here.
+PROXY = {"max_context": 1 << 20, "audit_render": True, "ping_interval_s": 0.1}
+"""the module's proxy (conftest `proxy`)"""
 
 
 def base_env(home: Path) -> dict[str, str]:
@@ -115,7 +111,7 @@ def test_claude_code_slim_default_offers_the_documented_tools(proxy, tmp_path):
     assert recs[0].prompt_base_call is None and len(recs[0].prompt_ids) < 8000  # still slim: mostly the six tools
 
 
-def test_claude_code_title_call_is_classified_aux_by_its_prompt(proxy, tiny_tokenizer, tmp_path):
+def test_claude_code_title_call_is_classified_aux_by_its_prompt(proxy, tmp_path):
     """With nonessential traffic on, Claude Code 2.1.197 first asks for a session title. The adapter
     recognizes the real request by its text (not only by carrying no tools), and the task's own
     calls stay the main agent's."""
@@ -125,14 +121,15 @@ def test_claude_code_title_call_is_classified_aux_by_its_prompt(proxy, tiny_toke
     ws, run = run_adapter(harness, reg, tmp_path, unset=("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",), CLAUDE_CODE_MAX_RETRIES="0")
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
     proxy.settle("claude-code-title", timeout=60)
-    recs = materialize_prompts(read_records(proxy.config.records_dir / "claude-code-title.jsonl"))
-    assert sorted(bool(r.tool_names) for r in recs) == [False, True], [r.tool_names for r in recs]
-    title_rec, task_rec = sorted(recs, key=lambda r: bool(r.tool_names))
-    title, task = (last_user_text(tiny_tokenizer, r.prompt_ids) for r in (title_rec, task_rec))
+    log = proxy.client.conversation("claude-code-title")
+    assert sorted(bool(c["tools"]) for c in log) == [False, True], [c["tools"] for c in log]
+    title_call, task_call = sorted(log, key=lambda c: bool(c["tools"]))
+    title, task = title_call["last_user"], task_call["last_user"]
     assert PROMPT in title and PROMPT in task
-    main_tools = task_rec.tool_names
+    main_tools = task_call["tools"]
     assert harness.classify(main_tools, title, main_tools) == "aux"  # the prompt alone says so
     assert harness.classify([], title, main_tools) == "aux" and harness.classify(main_tools, task, main_tools) == "main"
+    assert sorted(call_roles(harness, log).values()) == ["aux", "main"]
 
 
 def test_codex_writes_a_file_through_the_proxy(proxy, tmp_path):

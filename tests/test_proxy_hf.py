@@ -10,15 +10,11 @@ import openai
 import pytest
 
 from clawgym.artifacts import materialize_prompts
-from clawgym.proxy import ProxyConfig, ProxyThread, read_records
+from clawgym.proxy import read_records
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    config = ProxyConfig(model_dir=tiny_model, engine="hf", port=0, records_dir=tmp_path_factory.mktemp("records"),
-                         audit_render=True, engine_options={"max_batch": 4})
-    with ProxyThread(config) as p:
-        yield p
+PROXY = {"engine": "hf", "audit_render": True, "engine_options": {"max_batch": 4}}
+"""the module's proxy (conftest `proxy`): the real hf engine"""
 
 
 def test_sampled_turns_round_trip_token_for_token(proxy, tiny_tokenizer):

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawgym.artifacts import CallRecord, delta_encode_calls, materialize_prompts
-from clawgym.proxy import ProxyConfig, ProxyThread, anthropic, openai_chat, read_records
+from clawgym.proxy import anthropic, openai_chat, read_records
 from clawgym.proxy.render import Renderer, RolloutTito
 from clawgym.proxy.toolparse import HermesParser
 from clawgym.proxy.types import Message, ToolSpec
@@ -174,12 +174,8 @@ def test_retry_of_identical_request_gives_identical_prompt(renderer, tiny_tokeni
     assert again.prompt_ids == plan.prompt_ids and again.mode == "incremental"
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path_factory.mktemp("records"),
-                         audit_render=True)
-    with ProxyThread(config) as p:
-        yield p
+PROXY = {"audit_render": True}
+"""the module's proxy (conftest `proxy`)"""
 
 
 def same_call(i: int, variant: str) -> str:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from clawgym.artifacts import materialize_prompts, read_table, CallRecord
-from clawgym.proxy import ProxyConfig, ProxyThread, export_calls, read_records
+from clawgym.proxy import export_calls, read_records
 
 TURNS = 10
 
@@ -20,13 +20,8 @@ def tool_text(i: int, name: str = "Bash", key: str = "command") -> str:
     return f'Step {i}: running it.\n<tool_call>\n{{"name": "{name}", "arguments": {{"{key}": "echo {i} > f{i}.txt"}}}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    records = tmp_path_factory.mktemp("records")
-    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=records, audit_render=True,
-                         ping_interval_s=0.05)
-    with ProxyThread(config) as p:
-        yield p
+PROXY = {"audit_render": True, "ping_interval_s": 0.05}
+"""the module's proxy (conftest `proxy`)"""
 
 
 def assert_token_prefix_property(proxy, rollout_id: str, n: int) -> list[CallRecord]:

@@ -16,7 +16,7 @@ import pytest
 from clawgym import artifacts as A
 from clawgym.rollout.distributed import ray_problem
 
-from test_rollout import CHECK_HI, make_task, tool_call
+from helpers import CHECK_HI, make_task, tool_call
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_problem() is not None, reason=str(ray_problem()))]
 

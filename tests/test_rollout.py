@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,48 +12,7 @@ import pytest
 from clawgym import artifacts as A
 from clawgym.errors import UserError
 from clawgym.rollout.runner import RolloutConfig, run_rollouts, select_tasks
-
-CHECK_FILE = textwrap.dedent("""\
-    import json, sys, pathlib
-    ws = pathlib.Path(sys.argv[1])
-    f = ws / "out.txt"
-    print(json.dumps({"file_exists": f.exists(), "content": f.exists() and f.read_text().strip() == "hi"}))
-""")
-
-
-CHECK_HI = ("import json, sys, pathlib\nf = pathlib.Path(sys.argv[1]) / 'out.txt'\n"
-            "print(json.dumps({'out': f.exists() and f.read_text().strip() == 'hi'}))\n")  # reward 1 or 0
-
-
-def make_task(root: Path, task_id: str, instruction: str = "Write hi to out.txt.", timeout: int = 60,
-              check: str = CHECK_FILE) -> Path:
-    """A task folder (shared by the rollout, fault and Ray tests): a seeded workspace and a hidden check."""
-    d = root / task_id
-    (d / "tests").mkdir(parents=True)
-    (d / "workspace").mkdir()
-    (d / "workspace" / "README.md").write_text("seed file\n")
-    (d / "task.toml").write_text(f'[metadata]\nid = "{task_id}"\ncategory = "files"\n\n[agent]\ntimeout_sec = {timeout}\n')
-    (d / "instruction.md").write_text(instruction + "\n")
-    (d / "tests" / "check.py").write_text(check)
-    return d
-
-
-def tool_call(name: str, **args) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
-
-
-def script(path: Path, items: dict[str, list]) -> Path:
-    with open(path, "w") as f:
-        for rid, texts in items.items():
-            for t in texts:
-                f.write(json.dumps({"rollout_id": rid, **(t if isinstance(t, dict) else {"text": t})}) + "\n")
-    return path
-
-
-def config(tmp_path: Path, tiny_model: Path, script_path: Path, **kw) -> RolloutConfig:
-    return RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", model=tiny_model,
-                         engine="scripted", engine_options={"script": str(script_path)}, **kw)
-
+from helpers import has_marker, make_task, script, scripted_config, tool_call
 
 @pytest.mark.slow
 def test_agentloop_rollouts_are_scored_recorded_and_classified(tmp_path: Path, tiny_model: Path) -> None:
@@ -62,7 +21,7 @@ def test_agentloop_rollouts_are_scored_recorded_and_classified(tmp_path: Path, t
         "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],   # right file
         "hello.agentloop.1": [tool_call("bash", command="echo bye > out.txt"), "Done."],    # wrong content
     })
-    summary = run_rollouts(config(tmp_path, tiny_model, s, n=2, concurrency=2))
+    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, n=2, concurrency=2))
     by_id = {r.rollout_id: r for r in summary.rollouts}
     assert by_id["hello.agentloop.0"].status == "ok" and by_id["hello.agentloop.0"].reward == 1.0
     assert by_id["hello.agentloop.1"].status == "ok" and by_id["hello.agentloop.1"].reward == 0.5
@@ -72,6 +31,9 @@ def test_agentloop_rollouts_are_scored_recorded_and_classified(tmp_path: Path, t
     calls = A.materialize_prompts(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord))
     assert sorted(r.rollout_id for r in rollouts) == sorted(by_id)
     assert len(calls) == 4 and {c.role for c in calls} == {"main"}
+    # the roles the adapter read from the proxy's conversation log, kept in the rows a resumed run reads
+    rows = A.read_jsonl(tmp_path / "out" / "results.jsonl").records
+    assert [r["call_roles"] for r in rows] == [{"0": "main", "1": "main"}] * 2
     first, second = sorted((c for c in calls if c.rollout_id == "hello.agentloop.0"), key=lambda c: c.seq)
     # the second prompt extends the first prompt and its sampled tokens, token for token
     assert second.prompt_ids[: len(first.prompt_ids) + len(first.output_ids)] == first.prompt_ids + first.output_ids
@@ -86,21 +48,16 @@ def test_failures_are_classified_and_never_stop_the_others(tmp_path: Path, tiny_
         "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],
         "hang.agentloop.0": [tool_call("bash", command="sleep 300"), "Done."],
     })
-    summary = run_rollouts(config(tmp_path, tiny_model, s, concurrency=2))
+    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, concurrency=2))
     by_id = {r.rollout_id: r for r in summary.rollouts}
     assert by_id["hello.agentloop.0"].reward == 1.0
     hang = by_id["hang.agentloop.0"]
     assert hang.status == "timeout" and hang.reward == 0.0 and "killed after 3 s" in hang.error
     # no process of the hung rollout is left
-    leftovers = [p for p in os.listdir("/proc") if p.isdigit() and _has_marker(p, "hang.agentloop.0")]
+    leftovers = [p for p in os.listdir("/proc") if p.isdigit() and has_marker(p, "hang.agentloop.0")]
     assert leftovers == []
 
 
-def _has_marker(pid: str, sandbox_id: str) -> bool:
-    try:
-        return sandbox_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
@@ -110,7 +67,7 @@ def test_engine_failure_is_an_infra_error_and_a_rerun_resumes(tmp_path: Path, ti
         "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],
         "hello.agentloop.1": [{"error": "engine down"}] * 8,
     })
-    cfg = config(tmp_path, tiny_model, s, n=2, concurrency=1)
+    cfg = scripted_config(tmp_path, tiny_model, s, n=2, concurrency=1)
     summary = run_rollouts(cfg)
     by_id = {r.rollout_id: r for r in summary.rollouts}
     assert by_id["hello.agentloop.1"].status == "infra_error" and by_id["hello.agentloop.1"].reward is None
@@ -150,17 +107,20 @@ def test_a_proxy_on_every_interface_is_advertised_at_a_reachable_address() -> No
             pass
 
 
-def test_a_proxy_on_this_machine_lends_the_runner_its_tokenizer(tmp_path: Path, tiny_model: Path) -> None:
-    """With --proxy URL (no --model), call roles are still classified from the prompts' text."""
+def test_connecting_to_a_proxy_checks_its_url_and_token_before_any_rollout(tmp_path: Path, tiny_model: Path) -> None:
+    """--proxy URL: a wrong admin token fails at connect, not in the middle of the rollouts."""
     from clawgym.proxy.server import ProxyConfig, ProxyThread
-    from clawgym.rollout.proxy_client import ProxyClient
+    from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable
 
     pc = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path / "records")
     with ProxyThread(pc) as thread:
         cfg = RolloutConfig(tasks=tmp_path, harnesses=["agentloop"], out=tmp_path / "out", proxy_url=thread.url,
                             admin_token=thread.server.admin_token, records=tmp_path / "records")
         with ProxyClient.connect(cfg) as client:
-            assert client.model_dir == Path(tiny_model).resolve()
+            assert client.records == tmp_path / "records"
+        with pytest.raises(ProxyUnavailable):
+            with ProxyClient.connect(dataclasses.replace(cfg, admin_token="wrong")):
+                pass
 
 
 def test_tasks_per_step_draws_a_different_subset_each_step_and_the_same_on_a_rerun(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from clawgym.rollout.harnesses import HARNESSES, Endpoint, Launch
 from clawgym.rollout.harnesses.agentloop import AgentLoop
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.rollout.sandbox import SandboxConfig
-from test_rollout import _has_marker, config, make_task, script, tool_call
+from helpers import has_marker, make_task, script, scripted_config, tool_call
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_a_crashing_harness_is_a_harness_error_scored_as_is(tmp_path: Path, tiny
     monkeypatch.setitem(HARNESSES, "segv", Segfaulting)
     make_task(tmp_path / "tasks", "hello")
     s = script(tmp_path / "script.jsonl", {"*": ["Hello."] * 2})
-    summary = run_rollouts(dataclasses.replace(config(tmp_path, tiny_model, s, concurrency=2), harnesses=["crash", "segv"]))
+    summary = run_rollouts(dataclasses.replace(scripted_config(tmp_path, tiny_model, s, concurrency=2), harnesses=["crash", "segv"]))
     by_id = {r.rollout_id: r for r in A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)}
     assert sorted(by_id) == ["hello.crash.0", "hello.segv.0"]
     crash, segv = by_id["hello.crash.0"], by_id["hello.segv.0"]
@@ -136,7 +136,7 @@ def test_fifty_rollouts_at_concurrency_16_all_settle(tmp_path: Path, tiny_model:
                          "Done."])
         want_calls[rid] = tools + 1
     s = script(tmp_path / "script.jsonl", items)
-    summary = run_rollouts(config(tmp_path, tiny_model, s, n=50, concurrency=16))
+    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, n=50, concurrency=16))
 
     rollouts = {r.rollout_id: r for r in A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)}
     assert sorted(rollouts) == sorted(want_calls)
@@ -167,7 +167,7 @@ def test_a_timeout_during_a_model_call_is_scored_and_settles(tmp_path: Path, tin
     s = script(tmp_path / "script.jsonl", {
         "stuck.agentloop.0": [tool_call("write", path="out.txt", content="hi"), {"text": "Done.", "delay_s": 600}],
     })
-    summary = run_rollouts(config(tmp_path, tiny_model, s, settle_timeout_s=20))
+    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, settle_timeout_s=20))
     (r,) = summary.rollouts
     assert (r.status, r.reward) == ("timeout", 1.0), r  # the file was written before the clock ran out
     calls = sorted(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord), key=lambda c: c.seq)
@@ -183,7 +183,7 @@ def test_ctrl_c_cleans_up_keeps_what_finished_and_a_rerun_completes(tmp_path: Pa
         "ctrlc.agentloop.1": [{"text": quick[0], "delay_s": 120}, "Done."],  # still running at Ctrl-C
         "ctrlc.agentloop.2": [{"text": quick[0], "delay_s": 120}, "Done."],
     })
-    cfg = config(tmp_path, tiny_model, s, n=3, concurrency=3)
+    cfg = scripted_config(tmp_path, tiny_model, s, n=3, concurrency=3)
     results = tmp_path / "out" / "results.jsonl"
     base = SandboxConfig().base_dir
     returned = threading.Event()
@@ -207,7 +207,7 @@ def test_ctrl_c_cleans_up_keeps_what_finished_and_a_rerun_completes(tmp_path: Pa
         returned.set()
     # Every sandbox is gone (folders and processes), and only the finished rollout was kept.
     assert not base.exists() or not list(base.glob("ctrlc.agentloop.*"))
-    assert [p for p in os.listdir("/proc") if p.isdigit() and _has_marker(p, "ctrlc.agentloop.")] == []
+    assert [p for p in os.listdir("/proc") if p.isdigit() and has_marker(p, "ctrlc.agentloop.")] == []
     assert [r["rollout_id"] for r in A.read_jsonl(results).records] == ["ctrlc.agentloop.0"]
 
     # The rerun runs the two unfinished rollouts from scratch (their partial records dropped).

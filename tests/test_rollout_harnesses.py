@@ -27,8 +27,7 @@ import pytest
 from clawgym import artifacts as A
 from clawgym.rollout.harnesses import HARNESSES
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
-from test_rollout import _has_marker, tool_call
-from test_rollout import make_task as rollout_task
+from helpers import has_marker, make_task, tool_call
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
@@ -51,10 +50,6 @@ SHELL = {
 COMMANDS = ["echo hi > out.txt", "echo bye > out.txt"]  # sample 0 solves the task, sample 1 does not
 
 
-def make_task(root: Path, task_id: str, timeout: int) -> Path:
-    return rollout_task(root, task_id, INSTRUCTION, timeout, check=CHECK)
-
-
 def shell_call(shell, cmd: str) -> str:
     """The model text of one call of the harness's shell tool running `cmd`."""
     name, args = shell(cmd)
@@ -66,7 +61,7 @@ def test_real_harness_solves_a_task_through_the_runner(harness: str, tmp_path: P
     if (why := HARNESSES[harness]().missing()) is not None:
         pytest.skip(why)
     protocol, shell, n, timeout, chain = SHELL[harness]
-    make_task(tmp_path / "tasks", "hello", timeout)
+    make_task(tmp_path / "tasks", "hello", INSTRUCTION, timeout, check=CHECK)
     script = tmp_path / "script.jsonl"
     with open(script, "w") as f:
         for i in range(n):
@@ -132,7 +127,7 @@ def test_real_harness_killed_mid_call_is_a_timeout_that_settles(harness: str, tm
     if (why := HARNESSES[harness]().missing()) is not None:
         pytest.skip(why)
     _, shell, _, _, _ = SHELL[harness]
-    make_task(tmp_path / "tasks", "killed", timeout=12)
+    make_task(tmp_path / "tasks", "killed", INSTRUCTION, timeout=12, check=CHECK)
     script = tmp_path / "script.jsonl"
     with open(script, "w") as f:
         f.write(json.dumps({"rollout_id": f"killed.{harness}.0", "text": shell_call(shell, "echo hi > out.txt")}) + "\n")
@@ -145,7 +140,7 @@ def test_real_harness_killed_mid_call_is_a_timeout_that_settles(harness: str, tm
     assert r.n_calls == len(calls) == 2
     assert [c.status for c in calls] == ["ok", "cancelled"]
     # nothing the harness started is left (every sandbox process carries its rollout id)
-    assert [p for p in os.listdir("/proc") if p.isdigit() and _has_marker(p, f"killed.{harness}.0")] == []
+    assert [p for p in os.listdir("/proc") if p.isdigit() and has_marker(p, f"killed.{harness}.0")] == []
 
 
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
@@ -155,7 +150,7 @@ def test_a_failing_engine_is_an_infra_error_not_the_policys(harness: str, tmp_pa
     # rollout is excluded (infra_error, no reward), and every failed attempt is recorded.
     if (why := HARNESSES[harness]().missing()) is not None:
         pytest.skip(why)
-    make_task(tmp_path / "tasks", "down", timeout=15)
+    make_task(tmp_path / "tasks", "down", INSTRUCTION, timeout=15, check=CHECK)
     script = tmp_path / "script.jsonl"
     script.write_text("".join(json.dumps({"rollout_id": f"down.{harness}.0", "error": "engine down"}) + "\n" for _ in range(40)))
     config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=[harness], out=tmp_path / "out", model=tiny_model,
@@ -172,7 +167,7 @@ def test_cli_rollout_drives_claude_code_and_max_context_reaches_the_proxy(tmp_pa
     # below the prompt's length, so the call is refused as too long, with the error a real API gives).
     if (why := HARNESSES["claude-code"]().missing()) is not None:
         pytest.skip(why)
-    make_task(tmp_path / "tasks", "hello", 120)
+    make_task(tmp_path / "tasks", "hello", INSTRUCTION, 120, check=CHECK)
     script = tmp_path / "script.jsonl"
     _, shell, _, _, _ = SHELL["claude-code"]
     script.write_text("".join(json.dumps({"rollout_id": "hello.claude-code.0", "text": t}) + "\n"

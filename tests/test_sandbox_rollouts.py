@@ -19,7 +19,7 @@ from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.rollout.sandbox import SandboxConfig
 from clawgym.rollout.sandbox_docker import prepare_engine
 from clawgym.rollout.sandbox_local import namespace_problem
-from test_rollout import make_task, script, tool_call
+from helpers import make_task, script, tool_call
 
 DOCKER_PROBLEM = prepare_engine(SandboxConfig().image)
 needs_docker = pytest.mark.skipif(DOCKER_PROBLEM is not None, reason=f"docker: {DOCKER_PROBLEM}")

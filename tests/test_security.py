@@ -37,16 +37,12 @@ WINDOW = 2048
 N_SHARED = 5000  # shared scripted answers: valid fuzzed calls get a model answer, not "script exhausted"
 
 
-@pytest.fixture(scope="module")
-def proxy(tiny_model, tmp_path_factory):
-    d = tmp_path_factory.mktemp("sec")
-    script = d / "script.jsonl"
+def proxy_settings(folder: Path) -> dict:
+    """The module's proxy (conftest `proxy`): small limits, and shared scripted answers for every rollout."""
+    script = folder / "script.jsonl"
     script.write_text("".join(json.dumps({"rollout_id": "*", "text": "ok"}) + "\n" for _ in range(N_SHARED)))
-    config = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=d / "records", max_body_bytes=200_000,
-                         max_context=WINDOW, ping_interval_s=0.05, default_max_tokens=16,
-                         engine_options={"script": str(script)})
-    with ProxyThread(config) as p:
-        yield p
+    return {"max_body_bytes": 200_000, "max_context": WINDOW, "ping_interval_s": 0.05, "default_max_tokens": 16,
+            "engine_options": {"script": str(script)}}
 
 
 class _ServerErrors(logging.Handler):

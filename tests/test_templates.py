@@ -7,10 +7,8 @@ the tiny model's tokenizer, given the special tokens a template needs where it i
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import openai
 import pytest
@@ -20,30 +18,10 @@ from clawgym.errors import UserError
 from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 from clawgym.proxy.server import ProxyServer
 from clawgym.templates import SHIPPED, assistant_completion, load_chat_template, shipped_template, tool_use_problems
+from helpers import model_with_template, template_fixture
 
-FIXTURES = Path(__file__).parent / "fixtures" / "templates"
-LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 TOOLS = [{"type": "function", "function": {"name": "exec", "description": "Run a command",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
-
-
-def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
-
-
-def model_with_template(tiny_model: Path, out: Path, template: str, llama: bool = False) -> Path:
-    """A copy of the tiny model whose tokenizer carries `template` (and Llama 3's special tokens)."""
-    from transformers import AutoTokenizer
-
-    shutil.copytree(tiny_model, out)
-    tok = AutoTokenizer.from_pretrained(out)
-    if llama:
-        tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-                                "additional_special_tokens": LLAMA_SPECIALS})
-    tok.chat_template = template
-    tok.save_pretrained(out)
-    return out
-
 
 @pytest.mark.parametrize("name, problems", [
     ("qwen3.jinja", []),
@@ -52,7 +30,7 @@ def model_with_template(tiny_model: Path, out: Path, template: str, llama: bool 
 ])
 def test_tool_use_check_on_real_templates(tiny_tokenizer, name, problems) -> None:
     tok = tiny_tokenizer.__class__.from_pretrained(tiny_tokenizer.name_or_path)
-    tok.chat_template = fixture(name)
+    tok.chat_template = template_fixture(name)
     assert tool_use_problems(tok) == problems
 
 
@@ -75,7 +53,7 @@ def test_smollm2_tools_renders_what_smollm2_renders_without_tools(tiny_tokenizer
     ]
     for convo in convos:
         for gen in (True, False):
-            original = tiny_tokenizer.apply_chat_template(convo, chat_template=fixture("smollm2.jinja"), tokenize=False, add_generation_prompt=gen)
+            original = tiny_tokenizer.apply_chat_template(convo, chat_template=template_fixture("smollm2.jinja"), tokenize=False, add_generation_prompt=gen)
             ours = tiny_tokenizer.apply_chat_template(convo, chat_template=shipped_template("smollm2-tools"), tokenize=False, add_generation_prompt=gen)
             assert ours == original
     with_tools = tiny_tokenizer.apply_chat_template(convos[0], tools=TOOLS, chat_template=shipped_template("smollm2-tools"), tokenize=False)
@@ -97,7 +75,7 @@ def test_assistant_completion_is_what_the_model_generates_in_its_templates_call_
     assert assistant_completion(tok, "", one) == '<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}]</tool_call><|im_end|>'
     assert assistant_completion(tok, "hi", two) == ('hi\n<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}, '
                                                    '{"name": "write", "arguments": {"path": "a"}}]</tool_call><|im_end|>')
-    tok.chat_template = fixture("qwen3.jinja")  # thinking on: the turn shows its (empty) think block
+    tok.chat_template = template_fixture("qwen3.jinja")  # thinking on: the turn shows its (empty) think block
     assert assistant_completion(tok, "done", []) == "<think>\n\n</think>\n\ndone<|im_end|>"
     tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     with pytest.raises(ValueError, match="renders no assistant turn after its generation prompt"):
@@ -111,8 +89,8 @@ def test_assistant_completion_is_what_the_model_generates_in_its_templates_call_
 def test_load_chat_template_errors(tmp_path) -> None:
     assert load_chat_template("chatml-tools") == shipped_template("chatml-tools")
     f = tmp_path / "t.jinja"
-    f.write_text(fixture("qwen3.jinja"))
-    assert load_chat_template(f) == fixture("qwen3.jinja")
+    f.write_text(template_fixture("qwen3.jinja"))
+    assert load_chat_template(f) == template_fixture("qwen3.jinja")
     with pytest.raises(UserError, match="no such file, and not a shipped template"):
         load_chat_template(tmp_path / "missing.jinja")
     (tmp_path / "empty.jinja").write_text(" \n")
@@ -122,7 +100,7 @@ def test_load_chat_template_errors(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_proxy_refuses_a_template_without_tools_then_serves_with_chat_template(tiny_model, tmp_path) -> None:
-    model = model_with_template(tiny_model, tmp_path / "smol-template", fixture("smollm2.jinja"))
+    model = model_with_template(tiny_model, tmp_path / "smol-template", template_fixture("smollm2.jinja"))
     with pytest.raises(UserError, match=r"tools offered are not rendered.*--chat-template FILE"):
         ProxyServer(ProxyConfig(model_dir=model, engine="scripted", port=0, records_dir=tmp_path / "r0"))
     # The command line: one line on stderr, exit 1, no traceback.
@@ -175,7 +153,7 @@ def prompts_extend(proxy, rid: str, n: int):
 
 def test_qwen3_template_drops_reasoning_but_prompts_still_extend(tiny_model, tmp_path) -> None:
     """Qwen3's template drops the <think> of turns before the last user query; TITO keeps the sampled ids."""
-    model = model_with_template(tiny_model, tmp_path / "qwen3", fixture("qwen3.jinja"))
+    model = model_with_template(tiny_model, tmp_path / "qwen3", template_fixture("qwen3.jinja"))
     config = ProxyConfig(model_dir=model, engine="scripted", port=0, records_dir=tmp_path / "r", audit_render=True)
     call = '<tool_call>\n{{"name": "exec", "arguments": {{"command": "echo {}"}}}}\n</tool_call>'
     script = ["<think>\nplan one\n</think>\n\n" + call.format(1), "<think>\nplan two\n</think>\n\nDone with one.",
@@ -203,7 +181,7 @@ def test_llama3_template_tool_conversation_prompts_extend(tiny_model, tmp_path) 
     """Llama 3.2's template (tools in the first user message, results under `ipython`): accepted at
     start, and a multi-turn conversation is prefix-exact. The hermes parser does not read Llama's
     JSON calls, so the model's turns are text and the harness brings tool results as user turns."""
-    model = model_with_template(tiny_model, tmp_path / "llama", fixture("llama3.2.jinja"), llama=True)
+    model = model_with_template(tiny_model, tmp_path / "llama", template_fixture("llama3.2.jinja"), llama=True)
     config = ProxyConfig(model_dir=model, engine="scripted", port=0, records_dir=tmp_path / "r", audit_render=True)
     with ProxyThread(config) as proxy:
         tok = proxy.server.tokenizer
@@ -223,7 +201,7 @@ def test_recipe_engine_chat_template(tmp_path) -> None:
     from clawgym.config import load_recipe, recipe_to_toml
 
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "t.jinja").write_text(fixture("qwen3.jinja"))
+    (tmp_path / "t.jinja").write_text(template_fixture("qwen3.jinja"))
 
     def recipe(value: str):
         path = tmp_path / "r.toml"

@@ -22,7 +22,7 @@ from clawgym.proxy import ProxyConfig, ProxyThread
 from clawgym.proxy.toolparse import PARSERS, choose, detect
 
 from test_proxy_sdk import assert_token_prefix_property
-from test_rollout import CHECK_HI, make_task, script
+from helpers import CHECK_HI, make_task, script
 
 # --- the three forms, as a model writes them --------------------------------------------------
 

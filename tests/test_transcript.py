@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from rich.console import Console
-from test_rollout import script, tool_call
+from helpers import script, tool_call
 from test_verifier import FakeJudge
 
 from clawgym import artifacts as A

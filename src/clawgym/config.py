@@ -202,12 +202,15 @@ class Recipe:
 
     def sft_rollout_config(self, model: Path) -> RolloutConfig:
         """The cold start's teacher rollouts into RUN/sft: [sft]'s tasks, n, harnesses and engine
-        (the teacher engine serves the task family, any other the [engine] options), `model`'s tokenizer."""
+        (with `sft_engine_options`), `model`'s tokenizer."""
         s = self.sft
-        options = {"family": s.family} if s.engine == "teacher" else dict(self.engine.options)
         return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks, n=s.n or self.rollout.n,
                              harnesses=s.harnesses or self.rollout.harnesses, model=model, engine=s.engine,
-                             engine_options=options, id_prefix="sft.")
+                             engine_options=self.sft_engine_options(), id_prefix="sft.")
+
+    def sft_engine_options(self) -> dict[str, Any]:
+        """The [sft] engine's options: the recipe's [engine] options, with [sft] `family` as the option 'family'."""
+        return dict(self.engine.options) | ({"family": self.sft.family} if self.sft.family is not None else {})
 
     def _rollout(self, out: Path, **given: Any) -> RolloutConfig:
         """The RolloutConfig of [rollout] (its keys are RolloutConfig's fields), [engine] and [ray],
@@ -517,20 +520,17 @@ def _check_extras(r: Recipe, where: str) -> None:
 
 
 def _validate_sft(r: Recipe, where: str) -> None:
-    from clawgym.engines.registry import ENGINES
+    from clawgym.engines.registry import check_engine
 
     s = r.sft
     if s.n < 0:
         raise UserError(f"{where} [sft] key 'n' must be at least 0, got {s.n}")
     if not s.n:
         return
-    if s.engine not in ENGINES:
-        raise UserError(f"{where} [sft] key 'engine': unknown engine '{s.engine}'; choose one of: {', '.join(sorted(ENGINES))}")
-    if s.engine == "teacher":
-        from clawgym.tasks.families import FAMILIES
-
-        if s.family not in FAMILIES:
-            raise UserError(f"{where} [sft] key 'family': the teacher engine needs a task family, one of: {', '.join(sorted(FAMILIES))}")
+    try:
+        check_engine(s.engine, r.sft_engine_options())
+    except UserError as e:
+        raise UserError(f"{where} [sft]: {e}") from None
     for key in ("epochs", "minibatches"):
         if getattr(s, key) < 1:
             raise UserError(f"{where} [sft] key '{key}' must be at least 1, got {getattr(s, key)}")

@@ -11,6 +11,11 @@ Contract of `generate`:
 - `output_logprobs[i]` is the engine's logprob of `output_ids[i]` under the distribution it sampled
   from (logits / temperature, before top-p/top-k truncation; temperature 0 counts as 1);
 - failures raise `EngineError`, which the proxy turns into the protocol's "overloaded" answer.
+
+An engine that answers from the conversation rather than from token ids alone (the task teacher,
+`clawgym.tasks.teacher`) follows `ReadsChat` as well: the proxy then calls `generate_chat` with the
+request's messages and tools as it parsed them (`Chat`), so the engine reads no rendered text and
+works under any chat template.
 """
 
 from __future__ import annotations
@@ -62,6 +67,17 @@ class EngineConfig:
     """the proxy's --chat-template (a Jinja file or a shipped name), for an engine that renders text itself (teacher)"""
 
 
+@dataclass(frozen=True)
+class Chat:
+    """One call's conversation as the proxy parsed it from the protocol, in the chat-template shape
+    (the dicts `tokenizer.apply_chat_template` takes), before any template rendered it."""
+
+    messages: list[dict[str, Any]]
+    """{"role": system | user | assistant | tool, "content": str, "tool_calls"?: [...], "tool_call_id"?: str}"""
+    tools: list[dict[str, Any]]
+    """{"type": "function", "function": {"name", "description", "parameters": JSON schema}}"""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A policy the proxy can sample from. One instance serves every rollout of a proxy."""
@@ -79,6 +95,15 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class ReadsChat(Protocol):
+    """An engine that answers from the call's conversation (see the module docstring)."""
+
+    async def generate_chat(self, prompt_ids: list[int], chat: Chat, sampling: Sampling, rollout_id: str = "") -> Generation:
+        """`generate`'s contract, with the conversation that `prompt_ids` renders."""
         ...
 
 

@@ -1,11 +1,12 @@
-"""The engines by name: `ENGINES` (name -> factory taking an EngineConfig) and `make_engine`.
+"""The engines by name: `ENGINES` (name -> factory taking an EngineConfig), `make_engine` and `check_engine`.
 
 Apart from base.py so that the engines import their shared types from base without base importing them.
+The `teacher` engine is a task family's solver and lives with the families (`clawgym.tasks.teacher`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from clawgym.engines.base import Engine, EngineConfig
 from clawgym.errors import UserError
@@ -24,9 +25,15 @@ def _scripted(config: EngineConfig) -> Engine:
 
 
 def _teacher(config: EngineConfig) -> Engine:
-    from clawgym.engines.teacher import TeacherEngine
+    from clawgym.tasks.teacher import TeacherEngine
 
     return TeacherEngine.from_config(config)
+
+
+def _teacher_options(options: dict[str, Any]) -> None:
+    from clawgym.tasks.teacher import check_options
+
+    check_options(options)
 
 
 def _vllm(config: EngineConfig) -> Engine:
@@ -51,8 +58,23 @@ ENGINES: dict[str, Callable[[EngineConfig], Engine]] = {
 }
 
 
-def make_engine(name: str, config: EngineConfig) -> Engine:
-    """Build the engine called `name`; a clear error names the known ones."""
+# Name -> a check of the options alone, for an engine that can refuse bad options before anything
+# loads (a recipe is checked when it loads, before its run writes anything); it raises UserError.
+OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "teacher": _teacher_options,
+}
+
+
+def check_engine(name: str, options: dict[str, Any]) -> None:
+    """What `make_engine` would refuse that can be seen without building the engine: an unknown name,
+    or options its `OPTION_CHECKS` entry refuses. One-line UserErrors."""
     if name not in ENGINES:
         raise UserError(f"unknown engine '{name}'; choose one of: {', '.join(sorted(ENGINES))}")
+    if (check := OPTION_CHECKS.get(name)) is not None:
+        check(options)
+
+
+def make_engine(name: str, config: EngineConfig) -> Engine:
+    """Build the engine called `name`; a clear error names the known ones."""
+    check_engine(name, config.options)
     return ENGINES[name](config)

@@ -11,6 +11,9 @@ transcript builder (`clawgym.rollout.transcript`) picks the main agent's.
 
 System messages are left out (they are the harness's configuration, often tens of thousands of
 tokens) and so are the assistant turns a harness echoes back (the proxy has the model's own answer).
+Each call also keeps the text of its request's last user message (`last_user`), whether sent before
+or not: what a harness adapter reads to tell a compaction or a title call from the agent's own
+(`classify`, docs/harnesses.md), whatever chat template renders the prompt.
 Served as JSON by `GET /admin/rollouts/{id}/conversation`.
 """
 
@@ -40,7 +43,7 @@ class ConversationLog:
     """Per rollout: each call's new messages and its answer (see the module docstring)."""
 
     calls: dict[str, dict] = field(default_factory=dict)
-    """call id -> {seq, tools, messages, output}; insertion order is arrival order"""
+    """call id -> {seq, tools, messages, last_user, output}; insertion order is arrival order"""
     _seen: dict[tuple[str, ...], set[bytes]] = field(default_factory=dict)
 
     def add_request(self, call_id: str, seq: int, req: ChatRequest) -> None:
@@ -55,7 +58,8 @@ class ConversationLog:
             if key not in seen:
                 seen.add(key)
                 new.append(d)
-        self.calls[call_id] = {"seq": seq, "tools": list(tools), "messages": new, "output": None}
+        last_user = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
+        self.calls[call_id] = {"seq": seq, "tools": list(tools), "messages": new, "last_user": last_user, "output": None}
 
     def add_output(self, call_id: str, turn: Turn) -> None:
         if call_id in self.calls:

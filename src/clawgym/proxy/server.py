@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from clawgym.artifacts import CallRecord
-from clawgym.engines.base import Engine, EngineConfig, EngineError, Generation, Sampling
+from clawgym.engines.base import Chat, Engine, EngineConfig, EngineError, Generation, ReadsChat, Sampling
 from clawgym.engines.registry import make_engine
 from clawgym.proxy import anthropic, openai_chat, openai_responses
 from clawgym.proxy.admin import Metrics, secret_matches
@@ -248,7 +248,11 @@ class ProxyServer:
             self._spawn(self._finish(call))
 
     async def _generate(self, call: "_Call") -> Turn:
-        gen: Generation = await self.engine.generate(call.plan.prompt_ids, call.sampling, call.rollout.id)
+        if isinstance(self.engine, ReadsChat):  # an engine that answers from the conversation (the task teacher)
+            chat = Chat([m.template_dict() for m in call.req.messages], [t.template_dict() for t in call.req.tools])
+            gen: Generation = await self.engine.generate_chat(call.plan.prompt_ids, chat, call.sampling, call.rollout.id)
+        else:
+            gen = await self.engine.generate(call.plan.prompt_ids, call.sampling, call.rollout.id)
         ids = list(gen.output_ids)
         while ids and ids[-1] in self.renderer.stop_ids:
             ids.pop()

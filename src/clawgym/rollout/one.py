@@ -6,8 +6,9 @@
    timeout (the sandbox kills the whole process group);
 4. settle: wait until the proxy has no call of this rollout in flight and its record count holds;
 5. build the rollout's transcript (its harness adapter, from the proxy's conversation log and the
-   harness's output); copy the hidden tests in and run the verifier on the final workspace with it;
-   close the rollout and the sandbox. The caller (runner.py) appends the row and the transcript.
+   harness's output) and read each call's role from that log (`call_roles`); copy the hidden tests
+   in and run the verifier on the final workspace with it; close the rollout and the sandbox. The
+   caller (runner.py) appends the row (with the roles under "call_roles") and the transcript.
 
 Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
 `harness_error` (scored as is: a crash is the policy's outcome too), and so is one whose last
@@ -35,6 +36,7 @@ from clawgym import artifacts as A
 from clawgym.rollout.config import RolloutConfig
 from clawgym.rollout.failure import Evidence, root_cause
 from clawgym.rollout.harnesses import Endpoint, Harness
+from clawgym.rollout.harnesses.base import call_roles
 from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable
 from clawgym.rollout.sandbox import ProxyEndpoint, Sandbox, SandboxConfig, open_sandbox
 from clawgym.rollout.verifier import verify
@@ -72,11 +74,12 @@ def _record(plan: RolloutPlan, config: RolloutConfig, **fields: Any) -> A.Rollou
 def run_one(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config: RolloutConfig,
             open_sandboxes: dict[str, Sandbox]) -> dict:
     """Run one rollout start to finish (steps 1-5 of the module docstring) and return its row as a dict,
-    its transcript under "transcript"; `open_sandboxes` holds its sandbox while it runs (Ctrl-C closes them)."""
+    its calls' roles under "call_roles" ({seq as a string: role}), its transcript under "transcript";
+    `open_sandboxes` holds its sandbox while it runs (Ctrl-C closes them)."""
     task, rid = plan.task, plan.rollout_id
     rec = _record(plan, config, node=this_node())
     t0 = time.monotonic()
-    sb, transcript = None, None
+    sb, transcript, roles = None, None, {}
     evidence = Evidence()  # every symptom first; the root cause is judged once, by a fixed order (failure.py)
     final = None
     try:
@@ -99,7 +102,7 @@ def run_one(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config: Rol
             evidence.add("sandbox_setup", f"{type(e).__name__}: {e}")
         if sb is not None:
             try:
-                final, transcript = _run_harness(plan, harness, proxy, config, sb, reg["api_key"], evidence, rec)
+                final, transcript, roles = _run_harness(plan, harness, proxy, config, sb, reg["api_key"], evidence, rec)
             except Exception as e:  # a proxy or disk failure, or one rollout's bug: excluded and reported
                 evidence.add("infra", f"{type(e).__name__}: {e}")
             _check_sandbox(sb, evidence)
@@ -123,12 +126,14 @@ def run_one(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config: Rol
             sb.close()
         proxy.close_rollout(rid)
     rec.wall_time_s = time.monotonic() - t0
-    return dataclasses.asdict(rec) | ({"transcript": transcript.to_json()} if transcript is not None else {})
+    row = dataclasses.asdict(rec) | {"call_roles": {str(seq): role for seq, role in roles.items()}}
+    return row | ({"transcript": transcript.to_json()} if transcript is not None else {})
 
 
-def _transcript(harness: Harness, proxy: ProxyClient, plan: RolloutPlan, stdout: str, api_key: str) -> A.Transcript:
+def _transcript(harness: Harness, proxy: ProxyClient, plan: RolloutPlan, stdout: str, api_key: str) -> tuple[A.Transcript, dict[int, str]]:
     """The rollout's transcript, built by its harness adapter from the proxy's conversation log and its output,
-    with the rollout's API key blanked: a tool that prints the environment must not put it into an artifact."""
+    with the rollout's API key blanked (a tool that prints the environment must not put it into an artifact);
+    and the role of each call (seq -> role) its adapter reads from that log."""
     try:
         calls = proxy.conversation(plan.rollout_id)
     except ProxyUnavailable:  # a proxy without the conversation route: the harness's own output alone
@@ -138,13 +143,13 @@ def _transcript(harness: Harness, proxy: ProxyClient, plan: RolloutPlan, stdout:
     text = orjson.dumps(t.to_json()).decode()
     if api_key and api_key in text:  # the key is letters, digits and '-': it never spans a JSON escape
         t = A.Transcript.from_json(orjson.loads(text.replace(api_key, "<redacted>")))
-    return t
+    return t, call_roles(harness, calls)
 
 
 def _run_harness(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config: RolloutConfig, sb: Sandbox, api_key: str,
-                 evidence: Evidence, rec: A.RolloutRecord) -> tuple[str | None, A.Transcript]:
+                 evidence: Evidence, rec: A.RolloutRecord) -> tuple[str | None, A.Transcript, dict[int, str]]:
     """Steps 3-4 of a rollout: launch the harness, wait, settle the records; what went wrong goes to
-    `evidence`. Returns the agent's final message and the rollout's transcript."""
+    `evidence`. Returns the agent's final message, the rollout's transcript and its calls' roles."""
     # a namespaced sandbox reaches the proxy at 127.0.0.1 through its relay; others (and a proxy
     # on another node, with Ray) at the proxy's own address
     host = proxy.host if sb.network in ("host", "blackhole") else "127.0.0.1"
@@ -160,7 +165,8 @@ def _run_harness(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config
     if status["calls_recorded"] < status["calls_started"]:  # e.g. the records disk is full
         evidence.add("infra", f"{status['calls_started'] - status['calls_recorded']} of {status['calls_started']} "
                               "calls could not be recorded (see the proxy's log)")
-    final, ended_ok, transcript = None, False, _transcript(harness, proxy, plan, run.stdout(), api_key)
+    final, ended_ok = None, False
+    transcript, roles = _transcript(harness, proxy, plan, run.stdout(), api_key)
     overflow = status.get("context_exceeded")  # its last request did not fit, and no call came after it
     if run.timed_out:
         evidence.add("timeout", f"killed after {timeout:.0f} s" + (f"; context_length_exceeded: {overflow}" if overflow else ""))
@@ -177,7 +183,7 @@ def _run_harness(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config
     if not ended_ok and (failed := _engine_failed_last(status)):
         # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
         evidence.add("engine", f"the last call failed there ({failed})")
-    return final, transcript
+    return final, transcript, roles
 
 
 class _Skipped(Exception):

@@ -25,12 +25,10 @@ __all__ = ["ProxyClient", "ProxyUnavailable", "SyncResult", "reachable_host", "s
 class ProxyClient(AdminClient):
     """The admin client (proxy/client.py), plus where the proxy records: the runner reads the records."""
 
-    def __init__(self, url: str, admin_token: str, records: Path | None = None, model_dir: Path | None = None):
+    def __init__(self, url: str, admin_token: str, records: Path | None = None):
         super().__init__(url, admin_token)
         self.records = Path(records) if records is not None else Path(".")
         """the folder the proxy records into (read by collect_calls; a client that only reloads needs none)"""
-        self.model_dir = model_dir
-        """the served model's folder (its tokenizer reads call texts to classify roles), when on this machine"""
 
     @classmethod
     @contextlib.contextmanager
@@ -38,9 +36,7 @@ class ProxyClient(AdminClient):
         if not config.proxy_url or not config.admin_token or not config.records:
             raise UserError("give --model DIR (a proxy in this process), or --proxy URL with --admin-token and --records DIR")
         client = cls(config.proxy_url, config.admin_token, config.records)
-        served = client.admin("GET", "/admin/health").get("model_dir")
-        if served and (Path(served) / "tokenizer_config.json").exists():  # the proxy runs on this machine
-            client.model_dir = Path(served)
+        client.admin("GET", "/admin/health")  # a wrong URL or token fails here, before any rollout starts
         yield client
 
     def discard_records(self, rollout_id: str) -> None:
@@ -121,7 +117,7 @@ def start_local_proxy(config, records: Path) -> Iterator[ProxyClient]:
         server = thread.server
         STDERR.print(f"proxy: serving {config.model} ({config.engine}), tool parser {server.tool_parser}: "
                      f"{server.tool_parser_source}", highlight=False, soft_wrap=True)
-        yield ProxyClient(url, thread.server.admin_token, records, Path(config.model))
+        yield ProxyClient(url, thread.server.admin_token, records)
 
 
 def reachable_host(bind: str) -> str:

@@ -8,14 +8,14 @@ engine outage: nothing the policy did), is run again from scratch, and its new r
 old one (the last row of a rollout id in `results.jsonl` is the one kept).
 
 At the end the runner writes `rollouts.parquet` and `calls.parquet` (prompts delta-encoded as
-recorded, each call's role classified by its harness adapter) plus `rollout.config.json`.
+recorded, each call's role as its harness adapter read it from the proxy's conversation log, kept
+in the rollout's row in `results.jsonl`) plus `rollout.config.json`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import random
 import statistics
 import threading
@@ -34,6 +34,7 @@ from clawgym.errors import UserError
 from clawgym.layout import StepLayout
 from clawgym.rollout.config import RolloutConfig
 from clawgym.rollout.harnesses import HARNESSES, Harness
+from clawgym.rollout.harnesses.base import call_roles
 from clawgym.rollout.one import RolloutPlan, run_one
 from clawgym.rollout.proxy_client import ProxyClient, start_local_proxy
 from clawgym.rollout.sandbox import Sandbox, announce, isolation
@@ -179,45 +180,29 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
             transcripts.close()
         rollouts = [A.rows_from_dicts([done[p.rollout_id]], A.RolloutRecord, results_path)[0] for p in plans if p.rollout_id in done]
         calls = proxy.collect_calls([r.rollout_id for r in rollouts], copy_to=out.records)
-    calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, config.model or proxy.model_dir)
+    calls = _classify(calls, {p.rollout_id: harnesses[p.harness] for p in plans}, {rid: r.get("call_roles") for rid, r in done.items()})
     A.write_table(out.calls, calls, A.CallRecord)
     A.write_table(out.rollouts, rollouts, A.RolloutRecord)
     return RolloutSummary(out.path, rollouts, len(calls), time.monotonic() - t0)
 
 
-@functools.lru_cache(maxsize=2)
-def _tokenizer(model: str):
-    """Loaded once per model folder, not once per loop step."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model)
-
-
-def _classify(calls: list[A.CallRecord], harness_of: dict[str, Harness], model: Path | None) -> list[A.CallRecord]:
-    """Each call's role as its harness adapter reads it (main, subagent, compaction, aux)."""
-    tokenizer = _tokenizer(str(model)) if model is not None else None
-    full = {(c.rollout_id, c.call_id): c for c in A.materialize_prompts(calls)} if tokenizer is not None else {}
-    out, main_tools = [], {}
+def _classify(calls: list[A.CallRecord], harness_of: dict[str, Harness], roles_of: dict[str, dict | None]) -> list[A.CallRecord]:
+    """Each call's role as its harness adapter read it from the proxy's conversation log (the row's
+    "call_roles", `one.py`); a call outside that log (a proxy without the conversation route) gets
+    the adapter's reading of its tools alone."""
+    by_rollout: dict[str, list[A.CallRecord]] = {}
     for c in sorted(calls, key=lambda c: (c.rollout_id, c.seq)):
-        h = harness_of.get(c.rollout_id)
+        by_rollout.setdefault(c.rollout_id, []).append(c)
+    out = []
+    for rid, cs in by_rollout.items():
+        h = harness_of.get(rid)
         if h is None:
-            out.append(c)
+            out += cs
             continue
-        if c.tool_names:  # the main agent's tools are the first call's that has any (a title call may come first)
-            main_tools.setdefault(c.rollout_id, list(c.tool_names))
-        text = last_user_text(tokenizer, full[(c.rollout_id, c.call_id)].prompt_ids) if tokenizer is not None else ""
-        out.append(dataclasses.replace(c, role=h.classify(list(c.tool_names), text, main_tools.get(c.rollout_id, []))))
+        logged = roles_of.get(rid) or {}
+        by_tools = call_roles(h, [{"seq": c.seq, "tools": sorted(c.tool_names)} for c in cs])
+        out += [dataclasses.replace(c, role=logged.get(str(c.seq), by_tools[c.seq])) for c in cs]
     return out
-
-
-def last_user_text(tokenizer, prompt_ids: list[int], window: int = 4096) -> str:
-    """The text of the last user turn of a ChatML prompt (Qwen3/Hermes templates), or ''."""
-    text = tokenizer.decode(prompt_ids[-window:], skip_special_tokens=False)
-    start = text.rfind("<|im_start|>user\n")
-    if start < 0:
-        return ""
-    body = text[start + len("<|im_start|>user\n"):]
-    return body.split("<|im_end|>", 1)[0]
 
 
 class _Progress:

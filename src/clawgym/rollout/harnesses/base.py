@@ -121,6 +121,20 @@ def classify_by_tools(tool_names: list[str], main_tool_names: list[str]) -> str:
     return "main"
 
 
+def call_roles(harness: Harness, calls: list[dict]) -> dict[int, str]:
+    """seq -> role of each call of one rollout, by the harness's `classify`, from the proxy's
+    conversation log of the rollout (`clawgym.proxy.conversation`: each call's `seq`, `tools` and
+    `last_user`). The main agent's tools are those of the first call, in seq order, that offers any
+    (a title call may come first)."""
+    main: list[str] = []
+    roles = {}
+    for c in sorted(calls, key=lambda c: c["seq"]):
+        tools = list(c.get("tools") or [])
+        main = main or tools
+        roles[int(c["seq"])] = harness.classify(tools, str(c.get("last_user") or ""), main)
+    return roles
+
+
 def json_lines(stdout: str) -> list[dict]:
     """The JSON objects a harness printed one per line (`--json`, stream-json), other lines skipped."""
     out = []
