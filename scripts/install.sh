@@ -40,7 +40,7 @@ fi
 # The test dependencies outside pip: the pinned harness binaries from npm, and real vLLM for the
 # CPU in its own venv. (A Docker engine for the docker sandbox's tests: scripts/docker-engine.sh.)
 if [[ ",${extras}," == *",dev,"* ]]; then
-    # Ray for the distributed-rollout tests (tests/test_ray.py skips without it). Checked with a
+    # Ray for the distributed-rollout tests (tests/rollout/test_ray.py skips without it). Checked with a
     # dry run: it adds grpcio, protobuf, opentelemetry and the like, never another torch or numpy.
     if ! python3 -c "import ray" 2>/dev/null; then
         echo "[install] ray[default] (distributed rollouts)"

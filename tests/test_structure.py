@@ -335,7 +335,7 @@ def _measured_in_prose() -> list[str]:
                 if not line.startswith("#"):
                     break  # the header: the leading comment block
                 found += [f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}" for m in MEASURED.finditer(line)]
-    for p in [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "bench").glob("*.py")), *sorted(SRC.rglob("*.py"))]:
+    for p in [*sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py")), *sorted(SRC.rglob("*.py"))]:
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 found += [f"{p.relative_to(ROOT)}:{getattr(node, 'lineno', 1)}: {m.group(0)!r}"
@@ -447,7 +447,7 @@ def test_the_command_check_refuses_what_does_not_parse():
 def test_every_cited_results_section_exists():
     keys = set(_results_md().sections((DOCS / "results.md").read_text(encoding="utf-8")))
     cites = []
-    for p in [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "recipes").glob("*.*"), *(ROOT / "tests").glob("*.py"),
+    for p in [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "recipes").glob("*.*"), *(ROOT / "tests").rglob("*.py"),
               *SRC.rglob("*.py")]:
         text = p.read_text(encoding="utf-8")
         cites += [(p.relative_to(ROOT), " ".join(m.group(1).split())) for m in re.finditer(r"docs/results\.md,\s+`([^`]+)`", text)]

@@ -14,7 +14,7 @@ two batches join by left-padding the narrower one's keys and values and concaten
 finished row is dropped, and the leading columns that only padding uses go with it. Only plain
 full-attention caches (transformers' `DynamicLayer`) can be joined this way. Any other cache
 (sliding windows, state-space layers) keeps the batch as it started: new requests wait until it
-ends. Padding changes no row's result beyond float rounding (tests/test_engines.py checks a late
+ends. Padding changes no row's result beyond float rounding (tests/engines/test_engines.py checks a late
 request against the same request run alone).
 
 Prefix cache (`prefix_cache.py`): before a prefill, each request looks up the longest run of

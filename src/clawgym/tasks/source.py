@@ -18,7 +18,7 @@ from clawgym.tasks.spec import TASK_ID_RE, read_text
 
 # A reason starting with this marks an exception the field checks did not foresee: the importer
 # skips that task (the validator reports it invalid) and goes on, and the fuzz test
-# (tests/test_tasks_fuzz.py) fails on it, so each one found gets its own check.
+# (tests/tasks/test_tasks_fuzz.py) fails on it, so each one found gets its own check.
 UNEXPECTED = "unexpected error"
 
 __all__ = ["UNEXPECTED", "ImportContext", "read_text", "number", "mapping", "sequence", "check_id", "inside", "one_line"]

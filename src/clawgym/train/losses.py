@@ -2,7 +2,7 @@
 
 Shapes: R rollouts in a batch, T scored tokens (trainable tokens of all packed trees, each counted
 once per rollout), `seq_index` [T] maps a token to its rollout 0..R-1. Every function here has a
-unit test in `tests/test_train_losses.py` against hand-computed values.
+unit test in `tests/train/test_train_losses.py` against hand-computed values.
 
 - `grpo_advantages`: (R − mean) / (std + eps) per task–harness group; zero-variance groups flagged.
 - `tis_weights`: truncated importance sampling w = min(exp(logp_old − logp_rollout), C), per token

@@ -18,7 +18,7 @@ current directory, the workspace:
 It does not import the `openai` SDK: that import alone cost 1.4 CPU s (openai 3.57 builds every
 pydantic type), most of a small rollout, paid again by every rollout's process (docs/harnesses.md,
 "What a rollout costs"). The proxy's compatibility with the official SDKs is tested with the SDKs
-themselves (tests/test_proxy_sdk.py).
+themselves (tests/proxy/test_proxy_sdk.py).
 
 Exit codes: 0 finished (final answer or turn limit), 4 the model endpoint failed after the
 retries (the runner marks the rollout infra_error), 5 the prompt no longer fits the model's context

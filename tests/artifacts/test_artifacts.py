@@ -182,7 +182,7 @@ def test_atomic_write_keeps_previous_file_when_writing_fails(tmp_path: Path) -> 
 
 # --- the prompt delta codec ----------------------------------------------------------------------
 
-FIXTURES = Path(__file__).parent / "fixtures" / "records"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "records"
 
 
 def _conversation(rng_turns: list[tuple[int, int]], prefix: int = 20) -> list[A.CallRecord]:

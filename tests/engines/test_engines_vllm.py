@@ -36,7 +36,7 @@ from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 # a busy one. The servers are waited for by readiness (or their exit), with a deadline far above both.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("CLAWGYM_VLLM_VENV", ROOT / ".venv-vllm"))
 PY = VENV / "bin" / "python"
 if not PY.exists():

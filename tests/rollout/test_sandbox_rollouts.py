@@ -138,7 +138,7 @@ def test_claude_code_rollouts_in_docker_share_their_first_prompt(tmp_path: Path,
 
 def test_run_refuses_before_writing_anything(tmp_path: Path, no_bwrap: Path) -> None:
     """README command 1's `clawgym run recipes/quickstart.toml` on a machine without bubblewrap."""
-    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
     text = (recipes / "quickstart.toml").read_text().replace('"tasks/', f'"{recipes}/tasks/')
     run_dir = tmp_path / "run"
     recipe = tmp_path / "quickstart.toml"

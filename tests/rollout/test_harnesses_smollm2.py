@@ -20,7 +20,7 @@ from clawgym import artifacts as A
 from clawgym.rollout.harnesses import HARNESSES
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HARNESS_NAMES = ["claude-code", "codex"]
 PROTOCOL = {"claude-code": "anthropic", "codex": "openai-responses"}
 # tokens per call: at a few tokens/s on a loaded 2-core machine this keeps every call far below

@@ -124,7 +124,7 @@ def test_connecting_to_a_proxy_checks_its_url_and_token_before_any_rollout(tmp_p
 
 
 def test_tasks_per_step_draws_a_different_subset_each_step_and_the_same_on_a_rerun(tmp_path: Path) -> None:
-    pool = Path(__file__).parents[1] / "recipes" / "tasks" / "lookup" / "train"
+    pool = Path(__file__).parents[2] / "recipes" / "tasks" / "lookup" / "train"
 
     def ids(step: int, k: int = 8) -> list[str]:
         return [t.id for t in select_tasks(RolloutConfig(tasks=pool, out=tmp_path, step=step, tasks_per_step=k))]

@@ -1,6 +1,6 @@
 """A launched train rank that dies (os._exit) in its Nth optimizer step when it is rank KILL_RANK.
 
-Used by tests/test_train_distributed.py: argv = SPEC.json KILL_RANK N.
+Used by tests/train/test_train_distributed.py: argv = SPEC.json KILL_RANK N.
 """
 
 import os

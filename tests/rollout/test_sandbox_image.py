@@ -14,7 +14,7 @@ import pytest
 from clawgym.rollout.sandbox import SandboxConfig
 from clawgym.rollout.sandbox_docker import prepare_engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER_PROBLEM = prepare_engine(SandboxConfig().image)
 TAG = "clawgym:test"   # .ci/run builds the same tag
 

@@ -27,7 +27,7 @@ def ray_local():
     import ray
 
     # Workers must import the clawgym under test (not another install on this machine).
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,  # a new private instance
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}})
     try:

@@ -9,7 +9,7 @@ import torch
 
 from clawgym.train.lm_head import chunked_logprobs, whole_score
 from clawgym.train.packing import PackedPolicy, collate, pack_tree
-from tests.test_train_packing import VOCAB, lm, random_tree  # noqa: F401
+from test_train_packing import VOCAB, lm, random_tree  # noqa: F401
 
 
 def _head(V: int = 300, H: int = 24, softcap: float | None = None, seed: int = 0):

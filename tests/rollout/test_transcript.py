@@ -189,7 +189,7 @@ def test_a_damaged_transcripts_file_is_one_clear_error(tmp_path: Path) -> None:
 # Excerpts of what the real harnesses sent and printed (Claude Code 2.1.197, Codex 0.171.0, OpenClaw
 # 2026.9.6 writing out.txt with one shell call): their requests' message shapes, system prompts and
 # tool schemas cut down; plus the proxy's answer to each request.
-FIXTURES = orjson.loads((Path(__file__).parent / "fixtures" / "harness_transcripts.json").read_bytes())
+FIXTURES = orjson.loads((Path(__file__).parents[1] / "fixtures" / "harness_transcripts.json").read_bytes())
 PROTOCOLS = {"anthropic": "clawgym.proxy.anthropic", "openai-chat": "clawgym.proxy.openai_chat",
              "openai-responses": "clawgym.proxy.openai_responses"}
 

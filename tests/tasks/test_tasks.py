@@ -25,7 +25,7 @@ from clawgym.tasks.spec import safe_relpath
 from clawgym.rollout.validate import validate_tasks
 from clawgym.tasks.writer import dump_toml
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "tasks"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "tasks"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared task samples not present at {SHARED}")
 
 CHECK = '''import json, sys
