@@ -45,7 +45,7 @@ from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
 from clawgym.model import SIZES
 from clawgym.pretrained import PRETRAINED
 from clawgym.templates import SHIPPED, load_chat_template
-from clawgym.train.config import AGGREGATIONS, ALGOS, ATTENTIONS, PER_CALL, PRECISIONS, TIS_MODES, TrainConfig
+from clawgym.train.config import PER_CALL, TrainConfig
 
 
 @dataclass
@@ -207,6 +207,15 @@ class Recipe:
         return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks, n=s.n or self.rollout.n,
                              harnesses=s.harnesses or self.rollout.harnesses, model=model, engine=s.engine,
                              engine_options=self.sft_engine_options(), id_prefix="sft.")
+
+    def train_settings(self) -> dict[str, Any]:
+        """Every TrainConfig setting a step trains with: [train]'s keys over TrainConfig's defaults."""
+        return {**{f.name: default_of(f) for f in dataclasses.fields(TrainConfig) if f.name not in PER_CALL}, **self.train}
+
+    def planned_train_config(self) -> TrainConfig:
+        """`train_settings` on step 0's paths: what the checks before a run validate (an [offline]
+        recipe's steps take the recorded settings, changed where [train] says)."""
+        return _train_config(RunLayout(self.run_dir).step(0), Path("."), self.train_settings())
 
     def sft_engine_options(self) -> dict[str, Any]:
         """The [sft] engine's options: the recipe's [engine] options, with [sft] `family` as the option 'family'."""
@@ -454,71 +463,6 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
         raise UserError(f"{where} [rollout] key 'harnesses' must name at least one harness")
 
 
-def _validate_harness_options(r: Recipe, where: str) -> None:
-    """Build each [rollout.<harness>] table's adapter once, so a mistyped option or a bad value fails
-    at load with its section named, not at the first rollout."""
-    import inspect
-
-    from clawgym.rollout.harnesses import HARNESSES
-
-    for name, options in r.rollout.harness_options.items():
-        known = [p for p in inspect.signature(HARNESSES[name]).parameters if p not in ("self", "args", "kwargs")]
-        for key in options:
-            if key not in known:
-                raise UserError(f"{where} [rollout.{name}]: unknown key '{key}'{did_you_mean(key, known)}; "
-                                f"known: {', '.join(sorted(known))}")
-        try:
-            HARNESSES[name](**options)
-        except (TypeError, ValueError, UserError) as e:
-            raise UserError(f"{where} [rollout.{name}]: {e}") from None
-
-
-# [train] keys whose value is one of a fixed set of names: (key, module holding the names, its attribute)
-# [train] keys with a fixed set of values, named with a did-you-mean at load (train/config.py owns the sets)
-_TRAIN_CHOICES = {"algo": ALGOS, "precision": PRECISIONS, "tis": TIS_MODES, "aggregation": AGGREGATIONS,
-                  "attention": ("auto", *ATTENTIONS)}
-
-
-def _train_settings(r: Recipe) -> dict[str, Any]:
-    """Every TrainConfig setting a step trains with: [train]'s keys over TrainConfig's defaults."""
-    return {**{f.name: default_of(f) for f in dataclasses.fields(TrainConfig) if f.name not in PER_CALL}, **r.train}
-
-
-def _validate_train(r: Recipe, where: str) -> None:
-    """The [train] values `clawgym train` would refuse, refused at load (before the cold start and a step of rollouts)."""
-    t, resolved = r.train, _train_settings(r)
-    for key, choices in _TRAIN_CHOICES.items():
-        if key in t:
-            if t[key] not in choices:
-                raise UserError(f"{where} [train] key '{key}': unknown '{t[key]}'{did_you_mean(t[key], choices)}; "
-                                f"choose one of: {', '.join(choices)}")
-    for key in ("epochs", "minibatches", "token_budget", "processes"):
-        if key in t and t[key] < 1:
-            raise UserError(f"{where} [train] key '{key}' must be at least 1, got {t[key]}")
-    if resolved["kl_coef"] > 0 and resolved["ref_model"] is None:
-        raise UserError(f"{where} [train] key 'kl_coef' > 0 needs 'ref_model' (the policy to stay close to)")
-    if resolved["lora_rank"] < 0:
-        raise UserError(f"{where} [train] key 'lora_rank' must be 0 (full fine-tuning) or positive, got {t['lora_rank']}")
-    try:  # the rest of what `train` refuses, by its own torch-free check (train/config.py)
-        _train_config(RunLayout(r.run_dir).step(0), Path("."), resolved).validate()
-    except UserError as e:
-        raise UserError(f"{where} [train]: {e}") from None
-
-
-def _check_extras(r: Recipe, where: str) -> None:
-    """An optional package the recipe needs is named with its extra at load, before the run directory is written."""
-    from importlib.util import find_spec
-
-    needs = [("train", "lora_rank", "peft", "lora", _train_settings(r)["lora_rank"] > 0),
-             ("log", "tensorboard", "tensorboard", "tensorboard", r.log.tensorboard),
-             ("log", "wandb", "wandb", "wandb", bool(r.log.wandb)),
-             ("ray", "address", "ray", "ray", r.ray.address is not None),
-             ("rollout", "sandbox", "docker", "docker", r.rollout.sandbox == "docker")]
-    for section, key, package, extra, needed in needs:
-        if needed and find_spec(package) is None:
-            raise UserError(f"{where} [{section}] key '{key}' needs the {package} package: pip install 'clawgym[{extra}]'")
-
-
 def _validate_sft(r: Recipe, where: str) -> None:
     from clawgym.engines.registry import check_engine
 
@@ -537,31 +481,6 @@ def _validate_sft(r: Recipe, where: str) -> None:
     tasks = s.tasks or r.rollout.tasks
     if tasks is None or not tasks.is_dir():
         raise UserError(f"{where} [sft] key 'tasks': {tasks} is not a directory")
-
-
-def check_runnable(r: Recipe) -> None:
-    """What `clawgym run` checks after loading a recipe and before it writes anything: the harness
-    options (by building each adapter), the [train] values `clawgym train` would refuse, the optional
-    packages the recipe needs, and the task folders. Kept out of `load_recipe`, which imports neither
-    torch nor the harness adapters (reading and writing a recipe stays light)."""
-    where = str(r.path)
-    _validate_harness_options(r, where)
-    _validate_train(r, where)
-    _check_extras(r, where)
-    _check_tasks(r)
-
-
-def _check_tasks(r: Recipe) -> None:
-    """The task folders hold tasks (load_recipe checks only that the folders exist)."""
-    from clawgym.tasks.spec import find_task_dirs
-
-    named = [("rollout", r.rollout.tasks if r.offline.from_run is None else None), ("eval", r.eval.tasks), ("sft", r.sft.tasks)]
-    for section, tasks in named:
-        if tasks is not None:
-            try:
-                find_task_dirs(tasks)
-            except UserError as e:
-                raise UserError(f"{r.path} [{section}] key 'tasks': {e}") from None
 
 
 def recipe_to_toml(r: Recipe) -> str:

@@ -28,7 +28,8 @@ from rich.console import Console
 from clawgym import artifacts as A
 from clawgym import console as C
 from clawgym import metrics as M
-from clawgym.config import Recipe, check_runnable, load_recipe, recipe_to_toml
+from clawgym.config import Recipe, load_recipe, recipe_to_toml
+from clawgym.recipe_checks import check_runnable
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
 
