@@ -46,6 +46,7 @@ from clawgym.model import SIZES
 from clawgym.pretrained import PRETRAINED
 from clawgym.templates import SHIPPED, load_chat_template
 from clawgym.train.config import PER_CALL, TrainConfig
+from clawgym.trees import DEFAULT_MAX_LEAVES
 
 
 @dataclass
@@ -105,7 +106,7 @@ class TreesSection:
     """[trees]: build-trees' settings; `clawgym build-trees` takes the same field as an option."""
 
     # Paper §3.2.2 gives no number. A Claude-Code-like rollout with 3 subagents, a compaction and 2 retries has about 8 leaves.
-    max_leaves: int = option(64, "a rollout whose tree has more leaves than this is dropped (over-branching)", minimum=1)
+    max_leaves: int = option(DEFAULT_MAX_LEAVES, "a rollout whose tree has more leaves than this is dropped (over-branching)", minimum=1)
 
 
 @dataclass
