@@ -10,7 +10,11 @@ single-pass reads of a 512 MB fp32 tensor, and of 2048^2 fp32 matmuls, each with
 threads), so the limit is this machine's at this moment, then runs the hf engine at each --batch:
 that many requests with short prompts decoding --tokens tokens each at temperature 1. It prints
 the engine's decode tokens/s (forward time only, from the engine's stats; and wall time,
-sampling and Python included) and the ratio limit / measured. `--fixed-threads` runs every forward
+sampling and Python included) and the ratio limit / measured, beside the same engine with the opt-in
+`weight_layout=decode` (src/clawgym/engines/weight_layout.py), the two run in turn at each batch
+size. It also prints, for each weight shape of the model, the rate
+of a one-row product over the model's own weights of that shape in each layout (one thread, all the
+layers' matrices in turn, so each read comes from memory as in a decode step). `--fixed-threads` runs every forward
 with the most threads instead of the engine's choice per forward (docs/engines.md, Threads). The load average is printed before
 and after: on a shared machine the ratio says as much about the neighbours as about the engine.
 """
@@ -69,6 +73,36 @@ async def decode(engine, batch: int, tokens: int, vocab: int) -> tuple[float, fl
     return fwd, n / wall, n
 
 
+def layout_rates(model) -> list[tuple[tuple[int, int], float, float]]:
+    """Per Linear weight shape of `model`: (shape, GB/s of a one-row product in [out, in] storage, GB/s in
+    [in, out] storage), one thread, over all the model's matrices of that shape in turn (read from memory)."""
+    import torch
+
+    by_shape: dict[tuple[int, int], list] = {}
+    for m in model.modules():
+        if type(m) is torch.nn.Linear and all(w is not m.weight for w in by_shape.get(tuple(m.weight.shape), [])):
+            by_shape.setdefault(tuple(m.weight.shape), []).append(m.weight)
+
+    def rate(ws: list, transposed: bool) -> float:
+        x = torch.randn(1, ws[0].shape[1])
+        mats = [w.detach().t().contiguous() if transposed else w.detach().contiguous() for w in ws]
+        best = float("inf")
+        with torch.inference_mode():
+            for _ in range(3):
+                t = time.perf_counter()
+                for w in mats:
+                    x @ w if transposed else torch.nn.functional.linear(x, w)
+                best = min(best, time.perf_counter() - t)
+        return sum(w.numel() * w.element_size() for w in ws) / best / 1e9
+
+    most = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [(shape, rate(ws, False), rate(ws, True)) for shape, ws in sorted(by_shape.items())]
+    finally:
+        torch.set_num_threads(most)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model directory or a `clawgym init-model --from` name (default: the tiny model)")
@@ -86,26 +120,30 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     bw, flops = machine(32, 512, small=True) if a.small else machine(512, 2048)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = HFEngine(model_by_name(a.model, Path(tmp)), max_batch=64, threads=a.threads, prefix_cache=False,
-                          adaptive_threads=not a.fixed_threads)
-        engine.eos_ids = ()  # decode the full budget: the model's end-of-turn would cut rows short
+        model_dir = model_by_name(a.model, Path(tmp))
+        engine, transposed = (HFEngine(model_dir, max_batch=64, threads=a.threads, prefix_cache=False,
+                                 adaptive_threads=not a.fixed_threads, weight_layout=layout) for layout in ("rows", "decode"))
+        engine.eos_ids = transposed.eos_ids = ()  # decode the full budget: the model's end-of-turn would cut rows short
         params = {id(p): p for p in engine.model.parameters()}.values()  # tied weights once
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
         n_params = sum(p.numel() for p in params)
         vocab = engine.model.config.vocab_size
         asyncio.run(decode(engine, 1, 4, vocab))  # warm-up
+        asyncio.run(decode(transposed, 1, 4, vocab))
         print(f"weights {weight_bytes / 2**20:.0f} MiB ({n_params:,} parameters); read bandwidth {bw / 1e9:.1f} GB/s, "
               f"fp32 matmul {flops / 1e9:.1f} GFLOP/s; load average {load0:.1f} on {os.cpu_count()} CPUs")
-        print("| batch | limit tok/s | decode tok/s (forward) | decode tok/s (wall) | limit / forward | bound by |")
-        print("|---|---|---|---|---|---|")
+        print("| batch | limit tok/s | decode tok/s (forward) | decode tok/s (wall) | limit / forward | bound by "
+              "| weight_layout=decode: tok/s (forward) | decode / default |")
+        print("|---|---|---|---|---|---|---|---|")
         ok = True
         for b in [int(x) for x in a.batch.split(",")]:
             step = max(weight_bytes / bw, 2 * n_params * b / flops)
             limit = b / step
             fwd, wall, n = asyncio.run(decode(engine, b, a.tokens, vocab))
-            ok &= n == b * a.tokens
+            alt, _, m = asyncio.run(decode(transposed, b, a.tokens, vocab))
+            ok &= n == m == b * a.tokens
             bound = "bandwidth" if weight_bytes / bw >= 2 * n_params * b / flops else "FLOPs"
-            print(f"| {b} | {limit:.1f} | {fwd:.1f} | {wall:.1f} | {limit / fwd:.2f} | {bound} |")
+            print(f"| {b} | {limit:.1f} | {fwd:.1f} | {wall:.1f} | {limit / fwd:.2f} | {bound} | {alt:.1f} | {alt / fwd:.2f}x |")
         ema = engine.tuner.ema
         kinds = sorted({k for k, _ in ema})
         print("the engine's own timing of each kind of forward (moving average, the counts interleaved in this run):")
@@ -113,7 +151,14 @@ def main() -> int:
             per = {n: v for (kk, n), v in ema.items() if kk == k}
             unit = "ms/token" if k == "prefill" else "ms/step"
             print(f"  {k}: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {v * 1e3:.1f} {unit}" for n, v in sorted(per.items())))
+        print("one-row product over the model's own weights, 1 thread (GB/s; the engine stores a shape [in, out] "
+              "where `decode_layout_wanted` says so):")
+        from clawgym.engines.weight_layout import decode_layout_wanted
+        for (o, i), r_rows, r_t in layout_rates(engine.model):
+            print(f"  [{o} x {i}]: as loaded {r_rows:.1f}, [in, out] {r_t:.1f} ({r_t / r_rows:.2f}x)"
+                  f"{'  <- decode layout' if decode_layout_wanted(o, i) else ''}")
         asyncio.run(engine.close())
+        asyncio.run(transposed.close())
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0 if ok else 1
 

@@ -94,6 +94,43 @@ def test_hf_batched_generation_logprobs_match_a_plain_forward(hf_engine):
         assert g.output_logprobs == pytest.approx(ref, abs=1e-4)
 
 
+def test_hf_decode_layout_keeps_every_weight_and_serves_what_the_trainer_computes(tiny_model, tmp_path):
+    """With weight_layout=decode the engine re-stores wide weights as [in, out] (weight_layout.py): the same
+    values, shapes and tied embedding, and completions whose logprobs match the checkpoint as the trainer
+    loads it; by default every weight stays as loaded."""
+    from clawgym.engines.base import load_policy
+    from clawgym.engines.weight_layout import decode_layout_wanted
+    from clawgym.model import init_model
+
+    ref = load_policy(tiny_model)
+    eng = HFEngine(tiny_model, weight_layout="decode")
+    restored = 0
+    for (name, w), (_, r) in zip(eng.model.named_parameters(remove_duplicate=False), ref.named_parameters(remove_duplicate=False)):
+        assert w.shape == r.shape and torch.equal(w, r), name
+    for name, mod in eng.model.named_modules():
+        if type(mod) is torch.nn.Linear:
+            wide = decode_layout_wanted(*mod.weight.shape)
+            assert mod.weight.t().is_contiguous() == wide and mod.weight.is_contiguous() != wide, name
+            restored += wide
+    assert restored > 0  # the tiny model has wide layers, so the test exercises the re-stored ones
+    if ref.config.tie_word_embeddings:
+        assert eng.model.get_input_embeddings().weight is eng.model.get_output_embeddings().weight
+    prompt = [5, 6, 7, 8, 9]
+    g = run(eng.generate(prompt, Sampling(max_tokens=8, temperature=0.8, seed=3)))
+    assert g.output_logprobs == pytest.approx(teacher_forced_logprobs(ref, prompt, g.output_ids, 0.8), abs=1e-4)
+    rows = HFEngine(tiny_model)
+    assert all(m.weight.is_contiguous() for m in rows.model.modules() if type(m) is torch.nn.Linear)
+    assert run(rows.generate(prompt, Sampling(max_tokens=8, temperature=0.8, seed=3))).output_ids == g.output_ids
+    other = tmp_path / "other"
+    init_model(other, seed=1, size="tiny")
+    run(eng.reload(other))  # a reload re-stores the new weights the same way
+    assert any(type(m) is torch.nn.Linear and m.weight.t().is_contiguous() and not m.weight.is_contiguous()
+               for m in eng.model.modules())
+    run(eng.close()), run(rows.close())
+    with pytest.raises(UserError, match="weight_layout='columns': give one of decode, rows"):
+        HFEngine(tiny_model, weight_layout="columns")
+
+
 def test_hf_seed_greedy_and_stop_ids(hf_engine):
     s = Sampling(max_tokens=8, temperature=1.0, seed=11)
     a, b = run(hf_engine.generate([9, 10, 11], s)), run(hf_engine.generate([9, 10, 11], s))

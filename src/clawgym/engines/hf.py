@@ -47,9 +47,12 @@ from typing import Any
 from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window, load_policy
 from clawgym.engines.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit, default_budget
 from clawgym.engines.threads import ThreadTuner, decode_kind
+from clawgym.engines.weight_layout import transpose_for_decode
 from clawgym.errors import UserError
 
 log = logging.getLogger("clawgym.engines.hf")
+
+WEIGHT_LAYOUTS = ("decode", "rows")
 
 
 @dataclass
@@ -227,7 +230,7 @@ class HFEngine:
     def __init__(self, model_dir: Path, *, max_batch: int = 8, device: str = "cpu", threads: int | None = None,
                  max_context: int | None = None, max_batch_tokens: int = 65536, prefill_chunk: int = 2048,
                  late_admission: bool = True, prefix_cache: bool = True, prefix_cache_bytes: int | None = None,
-                 prefix_block: int = 32, adaptive_threads: bool = True):
+                 prefix_block: int = 32, adaptive_threads: bool = True, weight_layout: str = "rows"):
         import torch
 
         self.tuner = ThreadTuner(int(threads or torch.get_num_threads()), adaptive=adaptive_threads and device == "cpu")
@@ -252,6 +255,10 @@ class HFEngine:
             budget = default_budget(device) if prefix_cache_bytes is None else int(prefix_cache_bytes)
             self.prefix = PrefixCache(budget, int(prefix_block)) if budget > 0 else None
         self._stats = self.prefix.stats if self.prefix else PrefixCacheStats(enabled=False)
+        if weight_layout not in WEIGHT_LAYOUTS:
+            raise UserError(f"engine option weight_layout={weight_layout!r}: give one of {', '.join(WEIGHT_LAYOUTS)}")
+        self.weight_layout = weight_layout
+        """`rows`: weights as loaded; `decode`: on a CPU, wide weights stored [in, out] for one-row products (weight_layout.py)"""
         self.model = self._load(Path(model_dir))
         # transformers 5.2x renamed past_key_values to cache; accept either version.
         import inspect
@@ -287,10 +294,13 @@ class HFEngine:
                    max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)),
                    late_admission=bool(o.get("late_admission", True)), prefix_cache=bool(o.get("prefix_cache", True)),
                    prefix_cache_bytes=count("prefix_cache_bytes", None, 0), prefix_block=count("prefix_block", 32, 1),
-                   adaptive_threads=bool(o.get("adaptive_threads", True)))
+                   adaptive_threads=bool(o.get("adaptive_threads", True)), weight_layout=str(o.get("weight_layout", "rows")))
 
     def _load(self, path: Path):
-        return load_policy(path, self.device)
+        model = load_policy(path, self.device)
+        if self.weight_layout == "decode" and self.device == "cpu":
+            transpose_for_decode(model)
+        return model
 
     # -- public API (event-loop side) ------------------------------------------------------------
 
