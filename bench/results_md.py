@@ -78,6 +78,10 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs{gpu}, {os.uname().machine}, Python {sys.version.split()[0]}"
 
 
+PROGRESS = re.compile(r"\d+%\|[^|]*\| *\d+/\d+ \[")
+"""a progress bar's line (tqdm's, as transformers prints while loading weights): shown, not written"""
+
+
 def record(cmd: list[str], key: str, results: Path = RESULTS) -> int:
     """Run cmd, echo and keep its output (stderr too: `clawgym run` prints its steps there); on exit 0 write
     `key`'s section of results. Returns cmd's exit code."""
@@ -107,7 +111,7 @@ def record(cmd: list[str], key: str, results: Path = RESULTS) -> int:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = (f"Measured {when} · {machine()} · load average {load0:.1f} → {load1:.1f} · "
             f"wall {wall:.0f} s · peak RSS of a process {rss:.2f} GiB\n\n```text\n"
-            + re.sub(r"\x1b\[[0-9;]*m", "", "".join(out)).rstrip() + "\n```\n")
+            + re.sub(r"\x1b\[[0-9;]*m", "", "".join(line for line in out if not PROGRESS.search(line))).rstrip() + "\n```\n")
     write_section(results, key, body)
     print(f"results_md: wrote `{key}` in {results}", file=sys.stderr)
     return 0
@@ -139,14 +143,15 @@ def self_check() -> int:
         path = Path(tmp) / "results.md"
         py = [sys.executable, "-c"]
         assert record([*py, "print('| a | 1 |')"], "first", path) == 0
-        assert record([*py, "print('two')"], "second", path) == 0
+        bar = "Loading weights: 100%|##########| 272/272 [00:00<00:00, 7722.02it/s]"
+        assert record([*py, f"print('two'); print({bar!r})"], "second", path) == 0
         assert record([*py, "print('| a | 2 |')"], "first", path) == 0
         assert record([*py, "raise SystemExit(3)"], "second", path) == 3
         text = path.read_text(encoding="utf-8")
         found = sections(text)
         assert list(found) == ["first", "second"], found
         assert "| a | 2 |" in found["first"] and "| a | 1 |" not in text, text
-        assert "two" in found["second"], text
+        assert "two" in found["second"] and "Loading weights" not in text, text
     print("results_md: sections written, replaced in place, kept on failure")
     return 0
 
