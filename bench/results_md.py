@@ -49,6 +49,9 @@ def command_key(argv: list[str]) -> str:
         path = Path(argv[0]).resolve()
         name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else argv[0]
         argv = ["python3", name, *argv[1:]]
+    # a folder or file of this machine's outside the repository is the reader's own: DIR, FILE
+    argv = [argv[0], *(("DIR" if Path(a).is_dir() else "FILE") if Path(a).is_absolute() and Path(a).exists()
+                       and not Path(a).resolve().is_relative_to(ROOT) else a for a in argv[1:])]
     return shlex.join(argv)
 
 
