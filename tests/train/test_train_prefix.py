@@ -1,0 +1,183 @@
+"""A step's shared prefix is forwarded once per minibatch and is exact: the trainer's micro-batches after it
+score every rollout and accumulate gradients as per-rollout trees do; fallbacks plan as trie.py does."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from clawgym.train import prefix, trie
+from clawgym.train.distributed import Dist, padded_plan, shard
+from clawgym.train.microbatches import RankMicroBatches
+from clawgym.train.packing import PackedPolicy, collate, pack_tree
+from test_train_archs import make_config, make_lm
+from test_train_packing import VOCAB, random_tree
+
+
+class CPU:
+    """The part of accelerate's Accelerator that RankMicroBatches uses, for one CPU process."""
+
+    device = torch.device("cpu")
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def unwrap_model(self, model):
+        return model
+
+    def backward(self, loss):
+        loss.backward()
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()
+
+
+def harness_step(seed: int, tasks: int = 2, k: int = 3, system: int = 100, task: int = 12):
+    """N tasks × K rollouts (training trees): one system prompt, one task prompt per task, then random turns."""
+    rng = random.Random(seed)
+    sys_toks = [rng.randrange(VOCAB) for _ in range(system)]
+    out = []
+    for t in range(tasks):
+        prompt = sys_toks + [rng.randrange(VOCAB) for _ in range(task)]
+        for r in range(k):
+            nodes = random_tree(rng, rng.randint(2, 6), f"t{t}r{r}", p_model=0.6)
+            root = nodes[0]
+            nodes = [replace(root, token_ids=prompt + root.token_ids)] + [replace(n, depth=n.depth + len(prompt)) for n in nodes[1:]]
+            out.append(pack_tree(nodes))
+    return out
+
+
+def micro_batches(trees, budget: int, attention: str = "segments", world: int = 1, step_prefix: bool = True):
+    return RankMicroBatches(trees, Dist(0, world), CPU(), token_budget=budget, share_prefixes=True, attention=attention,
+                            sharded=False, step_prefix=step_prefix)
+
+
+def layout(plan) -> list:
+    """A plan as comparable values: each step's rows and, per collated part, its trees, tokens and prefix."""
+    return [None if p is None else (p[0], [(t.rollout_id, t.n_tokens, t.prefix) for t in p[1]]) for p in plan]
+
+
+def _model(name: str, tiny_model, checkpointing: bool):
+    from transformers import AutoModelForCausalLM
+
+    from clawgym.train.attention import implementation
+    from clawgym.train.precision import enable_activation_checkpointing
+
+    lm = make_lm(name) if name != "tiny" else AutoModelForCausalLM.from_pretrained(
+        tiny_model, attn_implementation=implementation("segments"), dtype=torch.float32).eval()
+    if checkpointing:
+        enable_activation_checkpointing(lm)
+    return lm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,attention,checkpointing", [("tiny", "segments", False), ("tiny", "dense", False),
+                                                          ("tiny", "segments", True), ("llama", "segments", False),
+                                                          ("qwen3", "dense", True)])
+def test_a_step_prefix_over_several_micro_batches_scores_and_accumulates_as_per_rollout(name, attention, checkpointing,
+                                                                                       tiny_model):
+    """GQA models (tiny: 2 heads / 1 KV head; llama, qwen3: 4 / 2), with and without activation checkpointing:
+    the prefix is forwarded once, the step's ≥ 3 micro-batches attend to its keys/values, and logprobs
+    (update and no-grad scoring) and the parameter gradients of the whole minibatch equal per-rollout trees'."""
+    lm = _model(name, tiny_model, checkpointing)
+    policy = PackedPolicy(lm, head_chunk=5)
+    trees = harness_step(0)
+    w = [torch.randn(t.n_trainable, generator=torch.Generator().manual_seed(i)) for i, t in enumerate(trees)]
+    lm.zero_grad()
+    alone = [policy(collate([t], [0], attention=attention))[0] for t in trees]
+    sum((wi * a).sum() for wi, a in zip(w, alone)).backward()
+    want = {k: p.grad.clone() for k, p in lm.named_parameters()}
+    lm.zero_grad()
+
+    micro = micro_batches(trees, budget=max(t.n_tokens for t in trees) - 90, attention=attention)
+    plan = micro.plan(range(len(trees)))
+    assert len(plan) >= 3 and all(parts[0].prefix == 100 for _, parts in plan)
+    got, forwarded = {}, 0
+    for step in micro.steps(plan, policy):
+        logp, _ = policy(step.batch)
+        micro.backward(policy, step, (torch.cat([w[i] for i in step.rows]) * logp).sum())
+        got.update(zip(step.rows, logp.detach().split([trees[i].n_trainable for i in step.rows])))
+        forwarded += step.forwarded
+    today = sum(mb.n_tokens for _, mb in trie.microbatches(trees, range(len(trees)), micro.token_budget, attention))
+    assert forwarded == 100 + sum(sum(p.n_tokens for p in parts) for _, parts in plan) < today
+    scored = micro.score(policy, plan)
+    for i, a in enumerate(alone):
+        torch.testing.assert_close(got[i], a.detach(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(scored[i], a.detach(), atol=1e-5, rtol=0)
+    for k, p in lm.named_parameters():
+        assert (p.grad - want[k]).abs().max() <= 1e-5 * want[k].abs().max().clamp_min(1e-12), k
+
+
+def test_flex_after_a_prefix_sees_the_prefix_then_its_tree_and_scores_as_segments():
+    """FlexAttention's rule with a prefix is the dense mask with a prefix; its logprobs (forward: CPU has no
+    flex backward) equal the segment path's."""
+    trees = harness_step(1)
+    micro = micro_batches(trees, budget=max(t.n_tokens for t in trees) - 90)
+    rows, parts = micro.plan(range(len(trees)))[0]
+    flex = collate(parts, range(len(parts)), attention="flex").attention_mask.flex
+    dense = collate(parts, range(len(parts)), attention="dense").attention_mask.dense[:, 0]
+    L = flex.node.shape[1]
+    for r, t in enumerate(parts):
+        n = t.n_tokens
+        rule = flex.allowed(r, torch.arange(L)[:, None], torch.arange(100 + L)[None, :])
+        assert torch.equal(rule[:n, : 100 + n], dense[r, :n, : 100 + n]) and not rule[:n, 100 + n:].any()
+    policy = PackedPolicy(make_lm("qwen3"))
+    with torch.no_grad():
+        seg = micro.score(policy, micro.plan(range(len(trees))))
+        micro.attention = "flex"
+        fl = micro.score(policy, micro.plan(range(len(trees))))
+    for a, b in zip(seg, fl):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+
+
+def test_the_prefix_ends_before_a_branch_and_before_the_first_scored_token():
+    trees = harness_step(2)
+    group, p = prefix.choose(trees, range(len(trees)))
+    assert sorted(group) == list(range(6)) and p == 100  # the system prompt; the task prompts differ
+    t = trees[0]
+    assert prefix.chain_length(t) == int(t.pred_pos.min())  # no branch in the prompts: the first predicting position
+    cut = prefix.strip(t, p)
+    assert torch.equal(cut.position_ids, t.position_ids[p:]) and int(cut.position_ids[0]) == p
+    assert torch.equal(cut.input_ids[cut.label_pos], cut.target_ids) and torch.equal(cut.target_ids, t.target_ids)
+    assert cut.prev_pos[0] == -1 and cut.prefix == p
+    # A model token right after 80 prompt tokens: the prefix stops at 79, where that token is predicted from.
+    rng = random.Random(0)
+    prompt = [rng.randrange(VOCAB) for _ in range(80)]
+    nodes = [replace(random_tree(rng, 1, "a")[0], token_ids=prompt)]
+    nodes.append(replace(nodes[0], node_id=1, parent_id=0, token_ids=[5, 6], kind="model", logprobs=[-1.0, -1.0], depth=80))
+    assert prefix.chain_length(pack_tree(nodes)) == 79
+
+
+def test_no_step_prefix_where_it_saves_nothing_plans_as_today():
+    """Under 64 shared tokens, or trees that fit one micro-batch: trie.py's plan, unchanged."""
+    short = harness_step(3, system=40)
+    assert prefix.choose(short, range(6)) == ([], 0)
+    assert layout(prefix.plan(short, range(6), 60)) == layout(trie.plan(short, range(6), 60))
+    trees = harness_step(3)
+    big = 10 * sum(t.n_tokens for t in trees)
+    assert layout(prefix.plan(trees, range(6), big)) == layout(trie.plan(trees, range(6), big))
+
+
+@pytest.mark.parametrize("world,config", [(2, "qwen3"), (1, "mistral"), (1, "gemma2")])
+def test_fallbacks_say_why_once_and_plan_as_today(world, config):
+    """Several processes, or a sliding-window model: the prefix is forwarded once per micro-batch, as trie.py plans it."""
+    why = prefix.unavailable(world, make_config(config))
+    assert why is not None and "once per micro-batch" in why
+    trees = harness_step(4)
+    budget = max(t.n_tokens for t in trees) - 90
+    micro = micro_batches(trees, budget, world=world, step_prefix=why is None)
+    owner = shard([t.n_tokens for t in trees], world)
+    assert layout(micro.plan(range(6))) == layout(padded_plan(list(range(6)), owner, 0, world,
+                                                              lambda mine: trie.plan(trees, mine, budget)))
+    assert all(p is None or p[1][0].prefix == 0 for p in micro.plan(range(6)))
+    assert prefix.unavailable(1, make_config("qwen3")) is None
+
+
+def test_distributed_ranks_never_plan_a_step_prefix_even_when_asked():
+    trees = harness_step(5)
+    micro = micro_batches(trees, max(t.n_tokens for t in trees) - 90, world=2, step_prefix=True)
+    assert all(p is None or p[1][0].prefix == 0 for p in micro.plan(range(6)))
