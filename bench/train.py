@@ -577,17 +577,22 @@ class StepRun:
         return max(int(w.numel()) for _, w in self.batches)
 
 
-def _step_runs(trees: list[PackedTree], budgets: list[int]) -> dict[tuple[str, int], list]:
-    """The step's micro-batches as the trainer plans them (group tries, trie.py) at each budget, and
-    the baseline: the step's unique tokens (its trie, depth-first) cut into plain causal rows."""
+def _step_runs(trees: list[PackedTree], budgets: list[int]) -> tuple[dict[tuple[str, int], list], dict]:
+    """The step's micro-batches as the trainer plans them at each budget: group tries (trie.py) and the step
+    prefix forwarded once (prefix.py, the prefix-run's ids and each micro-batch's rows in the second dict),
+    and the baseline: the step's unique tokens (its trie, depth-first) cut into plain causal rows."""
+    from clawgym.train import prefix
     from clawgym.train.trie import merge_trees, plan
 
-    runs = {}
+    runs, extra = {}, {}
     unique = merge_trees(trees)
     n_scored = sum(t.n_trainable for t in trees)
     for budget in budgets:
-        runs[("step", budget)] = [(collate(parts, range(len(parts))), torch.ones(sum(trees[i].n_trainable for i in rows)))
-                                  for rows, parts in plan(trees, range(len(trees)), budget)]
+        for key, planned in ((("step", budget), plan(trees, range(len(trees)), budget)),
+                             (("prefix", budget), prefix.plan(trees, range(len(trees)), budget))):
+            runs[key] = [(collate(parts, range(len(parts))), torch.ones(sum(trees[i].n_trainable for i in rows)))
+                         for rows, parts in planned]
+            extra[key] = (prefix.prefix_ids(trees, planned), [rows for rows, _ in planned])
         rows = []
         for a in range(0, unique.n_tokens, budget):
             path = torch.arange(a, min(a + budget, unique.n_tokens))
@@ -595,17 +600,51 @@ def _step_runs(trees: list[PackedTree], budgets: list[int]) -> dict[tuple[str, i
             chain = as_chain(unique, path, path[1:][:k])
             rows.append((collate([chain], [0]), torch.ones(chain.target_ids.numel())))
         runs[("plain", budget)] = rows
-    return runs
+    return runs, extra
 
 
-def _fwd_bwd_cpu(policy: PackedPolicy, batches) -> float:
-    """Process CPU seconds of forward + backward over the micro-batches, as training computes them."""
+def _fwd_bwd_cpu(policy: PackedPolicy, batches, prefix_ids: torch.Tensor | None = None) -> float:
+    """Process CPU seconds of forward + backward over the micro-batches, as training computes them (with
+    `prefix_ids`: that prefix forwarded once first, its gradient sent back through it after the last)."""
+    from clawgym.train.prefix import SharedPrefix
+
     c0 = time.process_time()
+    shared = SharedPrefix(policy.lm.base_model, prefix_ids, torch.device("cpu")) if prefix_ids is not None else None
     for mb, w in batches:
+        if isinstance(mb.attention_mask, TreePlan) and mb.attention_mask.prefix_len:
+            mb = shared.attach(mb)
         logp, _ = policy(mb, with_entropy=True)
         (-(w * logp).sum()).backward()
+    if shared is not None:
+        shared.backward()
     policy.zero_grad(set_to_none=True)
     return time.process_time() - c0
+
+
+def _same_as_tries(policy: PackedPolicy, trees: list[PackedTree], runs, extra, budget: int) -> tuple[float, float]:
+    """The step prefix's plan against the trie plan at `budget`: the largest logprob difference and the largest
+    parameter-gradient difference relative to each gradient's scale (the bench's check of prefix.py)."""
+    from clawgym.train.prefix import SharedPrefix
+
+    logps, grads = [], []
+    for key in (("step", budget), ("prefix", budget)):
+        ids, rows = extra[key]
+        shared = SharedPrefix(policy.lm.base_model, ids, torch.device("cpu")) if ids is not None else None
+        got = {}
+        for (mb, _), r in zip(runs[key], rows):
+            if isinstance(mb.attention_mask, TreePlan) and mb.attention_mask.prefix_len:
+                mb = shared.attach(mb)
+            logp, _ = policy(mb)
+            sizes = [trees[i].n_trainable for i in r]
+            (-(torch.cat([torch.linspace(0.5, 1.5, n) for n in sizes]) * logp).sum()).backward()  # a per-token signal
+            got.update(zip(r, logp.detach().split(sizes)))
+        if shared is not None:
+            shared.backward()
+        logps.append(torch.cat([got[i] for i in sorted(got)]))
+        grads.append([p.grad.clone() for p in policy.parameters() if p.grad is not None])
+        policy.zero_grad(set_to_none=True)
+    grad_diff = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12)) for a, b in zip(*grads))
+    return float((logps[0] - logps[1]).abs().max()), grad_diff
 
 
 def _smollm2_policy() -> PackedPolicy:
@@ -661,7 +700,7 @@ def harness(args) -> int:
     for col in ("model", "shape (scale)", "run", "micro-batches", "forwarded / unique", "step s", "step / plain causal",
                 "head B / trainable tok", "head vs before"):
         table.add_column(col, justify="left" if col in ("model", "shape (scale)", "run") else "right")
-    checks = []
+    checks, prefix_checks = [], []
     for mname, policy, scale, b0 in models:
         V, H = policy.lm.config.vocab_size, policy.lm.config.hidden_size
         for shape, make in HARNESS_STEPS.items():
@@ -671,28 +710,32 @@ def harness(args) -> int:
             # reduced step scales it like its tokens: the chunk's fixed memory does not shrink with it).
             frac = sum(t.n_trainable for t in trees) / unique
             b1 = max(b0, int(same_memory_budget(policy.lm.config, round(b0 / scale), frac, chunk) * scale))
-            runs = _step_runs(trees, [b0, b1])
+            runs, extra = _step_runs(trees, [b0, b1])
             checks.append((f"{mname} {shape}", *_same_scores(policy, runs[("step", b0)], chunk)))
+            prefix_checks.append((f"{mname} {shape}", *_same_as_tries(policy, trees, runs, extra, b0)))
             configs = [(f"before: budget {b0:,}, whole head", ("step", b0), 0), (f"after: budget {b0:,}, chunked", ("step", b0), chunk),
-                       (f"after: budget {b1:,} (same memory), chunked", ("step", b1), chunk)]
+                       (f"after: budget {b1:,} (same memory), chunked", ("step", b1), chunk),
+                       (f"step prefix: budget {b0:,}, chunked", ("prefix", b0), chunk)]
             cpu: dict = {}
             for _ in range(args.repeats):  # interleaved, so load from other processes hits every run alike
                 for label, key, c in configs + [("plain", ("plain", b0), chunk), ("plain", ("plain", b1), chunk)]:
                     policy.head_chunk = c
-                    cpu.setdefault((label, key), []).append(_fwd_bwd_cpu(policy, runs[key]))
+                    cpu.setdefault((label, key), []).append(_fwd_bwd_cpu(policy, runs[key], extra.get(key, (None,))[0]))
             head_before = None
             for label, key, c in configs:
                 batches = runs[key]
+                ids = extra[key][0]
+                forwarded = sum(mb.n_tokens for mb, _ in batches) + (ids.numel() if ids is not None else 0)
                 T = max(int(w.numel()) for _, w in batches)
                 head = head_peak_bytes(T, V, H, c) / T if not args.small else math.nan
                 head_before = head if head_before is None else head_before
                 step_s = statistics.median(cpu[(label, key)])
                 plain_s = statistics.median(cpu[("plain", ("plain", key[1]))])
                 table.add_row(mname, f"{shape} ({scale:g})", label, str(len(batches)),
-                              f"{sum(mb.n_tokens for mb, _ in batches) / unique:.2f}", f"{step_s:.2f}", f"{step_s / plain_s:.2f}x",
+                              f"{forwarded / unique:.2f}", f"{step_s:.2f}", f"{step_s / plain_s:.2f}x",
                               "not measured" if args.small else f"{head:,.0f}",
                               f"{head_before / head:.1f}x lower" if not args.small and head != head_before else "")
-                console_log(f"{mname} {shape} {label}: unique {unique:,}, forwarded {sum(mb.n_tokens for mb, _ in batches):,}, "
+                console_log(f"{mname} {shape} {label}: unique {unique:,}, forwarded {forwarded:,}, "
                             f"step {step_s:.2f} s, plain {plain_s:.2f} s, head {head:,.0f} B/token at {T:,} trainable tokens")
             table.add_section()
     Console(width=220).print(table)
@@ -705,6 +748,12 @@ def harness(args) -> int:
         ok &= good
         print(f"{name}: logprob/entropy error vs float64: whole head {whole_err:.1e}, chunked {part_err:.1e}; "
               f"gradients differ by {grad_diff:.1e} of their scale " + ("(ok)" if good else "(WRONG)"))
+    for name, logp_diff, grad_diff in prefix_checks:
+        # The step prefix forwarded once must score and back-propagate as the tries do (fp32).
+        good = logp_diff <= 1e-5 and grad_diff <= 1e-5
+        ok &= good
+        print(f"{name}: step prefix vs tries: logprobs differ by {logp_diff:.1e}, gradients by {grad_diff:.1e} of their scale "
+              + ("(ok)" if good else "(WRONG)"))
     return 0 if ok else 1
 
 
