@@ -609,7 +609,7 @@ def _fwd_bwd_cpu(policy: PackedPolicy, batches, prefix_ids: torch.Tensor | None 
     from clawgym.train.prefix import SharedPrefix
 
     c0 = time.process_time()
-    shared = SharedPrefix(policy.lm.base_model, prefix_ids, torch.device("cpu")) if prefix_ids is not None else None
+    shared = SharedPrefix(policy.backbone, prefix_ids, torch.device("cpu")) if prefix_ids is not None else None
     for mb, w in batches:
         if isinstance(mb.attention_mask, TreePlan) and mb.attention_mask.prefix_len:
             mb = shared.attach(mb)
@@ -629,7 +629,7 @@ def _same_as_tries(policy: PackedPolicy, trees: list[PackedTree], runs, extra, b
     logps, grads = [], []
     for key in (("step", budget), ("prefix", budget)):
         ids, rows = extra[key]
-        shared = SharedPrefix(policy.lm.base_model, ids, torch.device("cpu")) if ids is not None else None
+        shared = SharedPrefix(policy.backbone, ids, torch.device("cpu")) if ids is not None else None
         got = {}
         for (mb, _), r in zip(runs[key], rows):
             if isinstance(mb.attention_mask, TreePlan) and mb.attention_mask.prefix_len:

@@ -37,8 +37,8 @@ soft-capping, which SDPA cannot do, so those layers are scored explicitly). A ca
 (generation, a plain causal batch) goes to transformers' own SDPA function unchanged.
 
 A step's shared prefix (prefix.py) reaches the layers the same way. The prefix's forward carries a
-`PrefixKV` to `record` into: each layer keeps its keys and values (after RoPE and any key norm, as
-it attends with them). A micro-batch planned after that prefix has `prefix_len` set and the prefix's
+`PrefixKV` (prefix.py) to `record` into: each layer keeps its keys and values (after RoPE and any
+key norm, as it attends with them). A micro-batch planned after that prefix has `prefix_len` set and the prefix's
 `PrefixKV` attached: each layer puts the prefix's keys/values (of its own `layer_idx`) in front of
 its own, and every query attends to all of them, the prefix being an ancestor of every token.
 Key indices of a plan with a prefix are then prefix-first: row token i is key `prefix_len + i`.
@@ -48,44 +48,17 @@ Not with sliding windows (prefix.py falls back there).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+if TYPE_CHECKING:
+    from clawgym.train.prefix import PrefixKV
+
 QUERY_BLOCK = 512
 IMPLEMENTATION = "clawgym_tree"
 TREE_KWARG = "clawgym_tree"
-
-
-@dataclass
-class PrefixKV:
-    """A shared prefix's keys and values per attention layer (`layer_idx`), each [1, Hkv, P, D]."""
-
-    length: int
-    keys: dict[int, torch.Tensor] = field(default_factory=dict)
-    values: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def keep(self, module, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Record one layer's keys/values; the first call wins, so activation checkpointing's
-        recompute in the backward does not replace the tensors the caller already holds."""
-        i = _layer(module)
-        self.keys.setdefault(i, key)
-        self.values.setdefault(i, value)
-
-    def extend(self, module, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This layer's prefix keys/values in front of a micro-batch's own: [B, Hkv, P + L, D]."""
-        i = _layer(module)
-        pk, pv = self.keys[i], self.values[i]
-        B = key.shape[0]
-        return (torch.cat([pk.expand(B, -1, -1, -1).to(key.dtype), key], dim=2),
-                torch.cat([pv.expand(B, -1, -1, -1).to(value.dtype), value], dim=2))
-
-
-def _layer(module) -> int:
-    i = getattr(module, "layer_idx", None)
-    if i is None:
-        raise ValueError(f"{type(module).__name__} has no layer_idx: a shared prefix cannot be matched to its layer")
-    return int(i)
 
 
 @dataclass

@@ -85,7 +85,8 @@ class RankMicroBatches:
         ids, shared = prefix.prefix_ids(self.trees, plan), None
         if ids is not None:
             with self.accelerator.autocast():
-                shared = prefix.SharedPrefix(_backbone(self.accelerator.unwrap_model(module)), ids, self.accelerator.device)
+                # the decoder body of a PackedPolicy or a ValueModel, as its forward calls it
+                shared = prefix.SharedPrefix(self.accelerator.unwrap_model(module).backbone, ids, self.accelerator.device)
         forwarded = shared.tokens if shared is not None else 0
         for j, planned in enumerate(plan):
             rows, parts = planned if planned is not None else ([self.filler], [self.trees[self.filler]])
@@ -132,9 +133,3 @@ class RankMicroBatches:
                 mine.update(zip(step.rows, out.float().cpu().split([self.trees[i].n_trainable for i in step.rows])))
         every = self.dist.gather_dict(mine)
         return [every[i] for i in range(len(self.trees))]
-
-
-def _backbone(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder body that a policy (PackedPolicy) or value model (ValueModel) forwards its micro-batches through."""
-    lm = getattr(model, "lm", None)
-    return lm.base_model if lm is not None else model.backbone

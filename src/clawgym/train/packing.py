@@ -326,8 +326,13 @@ class PackedPolicy(torch.nn.Module):
         self.lm = lm
         self.head_chunk = head_chunk  # scored tokens per LM-head chunk (lm_head.py); <= 0: all at once
 
+    @property
+    def backbone(self) -> torch.nn.Module:
+        """The decoder body the micro-batches go through (a step's shared prefix too: prefix.py)."""
+        return self.lm.base_model
+
     def forward(self, mb: MicroBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = backbone_forward(self.lm.base_model, mb)  # [B, L, H]
+        hidden = backbone_forward(self.backbone, mb)  # [B, L, H]
         h = hidden.reshape(-1, hidden.shape[-1])[mb.pred_index]  # [T, H]
         # [T] logprobs and entropies, the [chunk, V] logits of one chunk alive at a time
         return chunked_logprobs(lambda x: head_logits(self.lm, x), h, mb.target_ids, self.head_chunk, with_entropy)
