@@ -705,7 +705,9 @@ def harness(args) -> int:
         V, H = policy.lm.config.vocab_size, policy.lm.config.hidden_size
         for shape, make in HARNESS_STEPS.items():
             trees = [pack_tree(n) for n in make(random.Random(0), V, scale)]
-            unique = merge_trees(trees).n_tokens
+            whole = merge_trees(trees)
+            unique = whole.n_tokens
+            root_pairs = int((whole.position_ids + 1).sum())  # what exact attention needs: each token over its root path
             # The budget the whole head's memory holds with the chunked head, for the full-size step (a
             # reduced step scales it like its tokens: the chunk's fixed memory does not shrink with it).
             frac = sum(t.n_trainable for t in trees) / unique
@@ -715,7 +717,8 @@ def harness(args) -> int:
             prefix_checks.append((f"{mname} {shape}", *_same_as_tries(policy, trees, runs, extra, b0)))
             configs = [(f"before: budget {b0:,}, whole head", ("step", b0), 0), (f"after: budget {b0:,}, chunked", ("step", b0), chunk),
                        (f"after: budget {b1:,} (same memory), chunked", ("step", b1), chunk),
-                       (f"step prefix: budget {b0:,}, chunked", ("prefix", b0), chunk)]
+                       (f"step prefix: budget {b0:,}, chunked", ("prefix", b0), chunk),
+                       (f"step prefix: budget {b1:,}, chunked", ("prefix", b1), chunk)]
             cpu: dict = {}
             for _ in range(args.repeats):  # interleaved, so load from other processes hits every run alike
                 for label, key, c in configs + [("plain", ("plain", b0), chunk), ("plain", ("plain", b1), chunk)]:
@@ -735,8 +738,13 @@ def harness(args) -> int:
                               f"{forwarded / unique:.2f}", f"{step_s:.2f}", f"{step_s / plain_s:.2f}x",
                               "not measured" if args.small else f"{head:,.0f}",
                               f"{head_before / head:.1f}x lower" if not args.small and head != head_before else "")
+                n = ids.numel() if ids is not None else 0
+                pairs = sum(attention_pairs(mb) for mb, _ in batches) + n * (n + 1) // 2
+                plain_pairs = sum(attention_pairs(mb) for mb, _ in runs[("plain", key[1])])
                 console_log(f"{mname} {shape} {label}: unique {unique:,}, forwarded {forwarded:,}, "
-                            f"step {step_s:.2f} s, plain {plain_s:.2f} s, head {head:,.0f} B/token at {T:,} trainable tokens")
+                            f"step {step_s:.2f} s, plain {plain_s:.2f} s, head {head:,.0f} B/token at {T:,} trainable tokens; "
+                            f"attention pairs {pairs / 1e6:,.1f}M, plain {plain_pairs / 1e6:,.1f}M, "
+                            f"every unique token over its root path {root_pairs / 1e6:,.1f}M")
             table.add_section()
     Console(width=220).print(table)
     if not args.small:
