@@ -41,7 +41,9 @@ one ~6k-token system prompt, 3–8 calls each, subagents with their own shared p
 `openclaw_step`: 2 tasks × 4 rollouts under ~19k tokens, each branching where its context was
 pruned) as the trainer plans them, three ways: before (today's budget, the whole LM head), after
 (the chunked head, same budget) and after with the budget that the same memory holds with the
-chunked head (clawgym.train.memory). It prints tokens forwarded / the step's unique tokens, process
+chunked head (clawgym.train.memory); then, at both budgets with the chunked head, the step's
+shared system prompt forwarded once for the whole step (clawgym.train.prefix) instead of once per
+micro-batch. It prints tokens forwarded / the step's unique tokens, process
 CPU time of forward + backward / a plain causal pass over the unique tokens (cut into budget-long
 rows, the same number of scored tokens), and the LM head's peak resident memory per trainable token
 (measured alone in a fresh process, with the micro-batch's trainable tokens), then the head alone
@@ -51,7 +53,10 @@ at 1k and 4k trainable tokens with SmolLM2's 49k vocabulary:
     nice -n 10 python bench/train.py --harness --models smollm2 --repeats 1     # SmolLM2-135M, reduced steps
 
 `--small` runs the harness steps tiny (a 180-token system prompt), once, as a correctness check
-(chunked and whole head give the same logprobs, entropies and gradients; exit 1 if not), in seconds.
+(chunked and whole head give the same logprobs, entropies and gradients, and so do the step prefix
+and the tries; exit 1 if not), in seconds. The log line of each run also gives its attention
+query-key pairs beside the plain rows' and beside every unique token over its whole root path
+(what exact attention needs: plain rows cut those paths at the budget).
 
 With `--group` it packs a Claude-Code-like GRPO group (8 rollouts sharing a 19k-token prompt, then
 each its own turns) as one tree per rollout vs one group trie (`--share-prefixes`, trie.py):

@@ -125,6 +125,22 @@ def test_flex_after_a_prefix_sees_the_prefix_then_its_tree_and_scores_as_segment
         n = t.n_tokens
         rule = flex.allowed(r, torch.arange(L)[:, None], torch.arange(100 + L)[None, :])
         assert torch.equal(rule[:n, : 100 + n], dense[r, :n, : 100 + n]) and not rule[:n, 100 + n:].any()
+        dense[r, n:] = rule[n:]  # padding queries: what they see is never read
+    # The block mask over [L queries, 100 + L keys]: partial blocks hold some allowed pair, full blocks only
+    # allowed pairs, and every allowed pair lies in a listed block.
+    from clawgym.train.attention import FLEX_BLOCK
+
+    bm = flex.block_mask()
+    nq, nk = -(-L // FLEX_BLOCK), -(-(100 + L) // FLEX_BLOCK)
+    padded = torch.nn.functional.pad(dense, (0, nk * FLEX_BLOCK - 100 - L, 0, nq * FLEX_BLOCK - L))
+    blocks = padded.view(len(parts), nq, FLEX_BLOCK, nk, FLEX_BLOCK)
+    some, every = blocks.any(4).any(2), blocks.all(4).all(2)
+    for r in range(len(parts)):
+        for qb in range(nq):
+            part = set(bm.kv_indices[r, 0, qb, : bm.kv_num_blocks[r, 0, qb]].tolist())
+            full = set(bm.full_kv_indices[r, 0, qb, : bm.full_kv_num_blocks[r, 0, qb]].tolist())
+            assert all(bool(every[r, qb, k]) for k in full) and not any(bool(every[r, qb, k]) for k in part)
+            assert part | full == set(torch.nonzero(some[r, qb]).flatten().tolist())
     policy = PackedPolicy(make_lm("qwen3"))
     with torch.no_grad():
         seg = micro.score(policy, micro.plan(range(len(trees))))
