@@ -62,25 +62,35 @@ def layout(plan) -> list:
 
 
 def _model(name: str, tiny_model, checkpointing: bool):
+    """A model by name (tiny: the init-model policy; "tiny+lora": with rank-4 adapters on q/v, B randomized so
+    every adapter weight has a gradient); with activation checkpointing if asked."""
     from transformers import AutoModelForCausalLM
 
     from clawgym.train.attention import implementation
     from clawgym.train.precision import enable_activation_checkpointing
 
-    lm = make_lm(name) if name != "tiny" else AutoModelForCausalLM.from_pretrained(
+    lm = make_lm(name) if not name.startswith("tiny") else AutoModelForCausalLM.from_pretrained(
         tiny_model, attn_implementation=implementation("segments"), dtype=torch.float32).eval()
     if checkpointing:
         enable_activation_checkpointing(lm)
+    if name == "tiny+lora":
+        from clawgym.train import lora
+
+        lora.add_adapter(lm, 4, 8.0, "q_proj,v_proj")
+        with torch.no_grad():
+            for k, p in lm.named_parameters():
+                if "lora_B" in k:
+                    p.copy_(0.1 * torch.randn_like(p))
     return lm
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,attention,checkpointing", [("tiny", "segments", False), ("tiny", "dense", False),
                                                           ("tiny", "segments", True), ("llama", "segments", False),
-                                                          ("qwen3", "dense", True)])
+                                                          ("qwen3", "dense", True), ("tiny+lora", "segments", True)])
 def test_a_step_prefix_over_several_micro_batches_scores_and_accumulates_as_per_rollout(name, attention, checkpointing,
                                                                                        tiny_model):
-    """GQA models (tiny: 2 heads / 1 KV head; llama, qwen3: 4 / 2), with and without activation checkpointing:
+    """GQA models (tiny: 2 heads / 1 KV head; llama, qwen3: 4 / 2), with and without activation checkpointing, LoRA:
     the prefix is forwarded once, the step's ≥ 3 micro-batches attend to its keys/values, and logprobs
     (update and no-grad scoring) and the parameter gradients of the whole minibatch equal per-rollout trees'."""
     lm = _model(name, tiny_model, checkpointing)
@@ -90,7 +100,7 @@ def test_a_step_prefix_over_several_micro_batches_scores_and_accumulates_as_per_
     lm.zero_grad()
     alone = [policy(collate([t], [0], attention=attention))[0] for t in trees]
     sum((wi * a).sum() for wi, a in zip(w, alone)).backward()
-    want = {k: p.grad.clone() for k, p in lm.named_parameters()}
+    want = {k: p.grad.clone() for k, p in lm.named_parameters() if p.requires_grad}
     lm.zero_grad()
 
     micro = micro_batches(trees, budget=max(t.n_tokens for t in trees) - 90, attention=attention)
@@ -108,8 +118,10 @@ def test_a_step_prefix_over_several_micro_batches_scores_and_accumulates_as_per_
     for i, a in enumerate(alone):
         torch.testing.assert_close(got[i], a.detach(), atol=1e-5, rtol=0)
         torch.testing.assert_close(scored[i], a.detach(), atol=1e-5, rtol=0)
+    assert want and all(want[k].abs().max() > 0 for k in want)
     for k, p in lm.named_parameters():
-        assert (p.grad - want[k]).abs().max() <= 1e-5 * want[k].abs().max().clamp_min(1e-12), k
+        if p.requires_grad:
+            assert (p.grad - want[k]).abs().max() <= 1e-5 * want[k].abs().max().clamp_min(1e-12), k
 
 
 def test_flex_after_a_prefix_sees_the_prefix_then_its_tree_and_scores_as_segments():
