@@ -73,7 +73,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     if ranks.dist.main:  # said once the models are loaded and checked, so a refused architecture or option is the only line
         console.print(batch.summary(cfg.algo, ranks.dist.world), highlight=False)
         console.print(memory.estimate_line(memory.shape_of(models.model_config), cfg, ranks.dist.world), highlight=False)
-    # A prompt the minibatch's trees share is forwarded once per optimizer step (prefix.py), or once per micro-batch where it cannot be.
+    # A prompt the minibatch's trees share is forwarded once per optimizer step (prefix.py); where it
+    # cannot be (several processes, sliding windows), once per micro-batch, and the run says so.
     once_per_micro_batch = prefix.unavailable(ranks.dist.world, models.model_config) if cfg.share_prefixes else None
     if once_per_micro_batch and ranks.dist.main:
         console.print(once_per_micro_batch, highlight=False)

@@ -135,7 +135,8 @@ def _token_terms(cfg: TrainConfig, logp, logp_old, logp_rollout, adv, logp_ref, 
 
 def _policy_pass(models: Models, batch: Batch, scores: Scores, advantages: list[torch.Tensor], micro: RankMicroBatches,
                  plan: RankPlan, token_weights: dict[int, torch.Tensor], cfg: TrainConfig) -> _Sums:
-    """Forward and backward over this rank's micro-batches; the gradients accumulate in the policy."""
+    """Forward and backward over this rank's micro-batches; the gradients accumulate in the policy (a shared
+    prefix's too: `micro.steps` forwards it before the first step and back-propagates it after the last)."""
     sums = _Sums()
     accelerator = micro.accelerator
     for step in micro.steps(plan, models.policy):
