@@ -393,7 +393,7 @@ def _nbytes(x) -> int:
 
 def masks(args) -> None:
     """Mask memory and time: dense vs block mask from the dense mask vs mask_mod, at 8k and 32k tokens."""
-    from clawgym.train.attention import flex_block_mask
+    from clawgym.train.attention_flex import flex_block_mask
 
     policy = _tiny_policy(args)
     vocab = policy.lm.config.vocab_size

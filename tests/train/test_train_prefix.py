@@ -140,7 +140,7 @@ def test_flex_after_a_prefix_sees_the_prefix_then_its_tree_and_scores_as_segment
         dense[r, n:] = rule[n:]  # padding queries: what they see is never read
     # The block mask over [L queries, 100 + L keys]: partial blocks hold some allowed pair, full blocks only
     # allowed pairs, and every allowed pair lies in a listed block.
-    from clawgym.train.attention import FLEX_BLOCK
+    from clawgym.train.attention_flex import FLEX_BLOCK
 
     bm = flex.block_mask()
     nq, nk = -(-L // FLEX_BLOCK), -(-(100 + L) // FLEX_BLOCK)

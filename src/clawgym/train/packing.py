@@ -33,7 +33,8 @@ import torch
 
 from clawgym.artifacts import TreeNode
 from clawgym.errors import UserError
-from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, flex_tree, plan_blocks
+from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, plan_blocks
+from clawgym.train.attention_flex import flex_tree
 from clawgym.train.config import ATTENTIONS
 from clawgym.train.lm_head import DEFAULT_CHUNK, chunked_logprobs
 from clawgym.trees import training_nodes

@@ -29,13 +29,13 @@ trie.py's per-micro-batch tries) and sliding-window models (the window would cut
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
 from clawgym.train import trie
-from clawgym.train.attention import Block, TreePlan
+from clawgym.train.attention import Block, PrefixKV, TreePlan
 from clawgym.train.packing import MicroBatch, PackedTree, ancestor_matrix, backbone_forward
 from clawgym.train.support import sliding_window
 
@@ -43,37 +43,6 @@ MIN_TOKENS = 64
 """a shorter shared prefix is forwarded with each micro-batch's tries, as trie.py does"""
 
 Planned = tuple[list[int], list[PackedTree]]
-
-
-@dataclass
-class PrefixKV:
-    """A shared prefix's keys and values per attention layer (`layer_idx`), each [1, Hkv, P, D]."""
-
-    length: int
-    keys: dict[int, torch.Tensor] = field(default_factory=dict)
-    values: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def keep(self, module, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Record one layer's keys/values; the first call wins, so activation checkpointing's
-        recompute in the backward does not replace the tensors the caller already holds."""
-        i = _layer(module)
-        self.keys.setdefault(i, key)
-        self.values.setdefault(i, value)
-
-    def extend(self, module, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This layer's prefix keys/values in front of a micro-batch's own: [B, Hkv, P + L, D]."""
-        i = _layer(module)
-        pk, pv = self.keys[i], self.values[i]
-        B = key.shape[0]
-        return (torch.cat([pk.expand(B, -1, -1, -1).to(key.dtype), key], dim=2),
-                torch.cat([pv.expand(B, -1, -1, -1).to(value.dtype), value], dim=2))
-
-
-def _layer(module) -> int:
-    i = getattr(module, "layer_idx", None)
-    if i is None:
-        raise ValueError(f"{type(module).__name__} has no layer_idx: a shared prefix cannot be matched to its layer")
-    return int(i)
 
 
 def unavailable(world: int, model_config) -> str | None:
