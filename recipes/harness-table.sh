@@ -25,18 +25,18 @@ OUT="${OUT:-$RUNS_DIR/harness-table}"
 TASKS="${TASKS:-$HERE/tasks/lookup/heldout}"                    # the recipes' held-out set (48 tasks)
 HARNESSES="${HARNESSES:-agentloop,claude-code,codex}"           # the columns
 N="${N:-1}"                                                     # samples per task and harness
-CONCURRENCY="${CONCURRENCY:-4}"
+CONCURRENCY="${CONCURRENCY:-8}"
 TIMEOUT="${TIMEOUT:-900}"                                       # seconds per rollout
 CLAWGYM="${CLAWGYM:-clawgym}"
 
 # the recipes' [engine] and [rollout.<harness>] settings (tests/test_recipes.py checks they agree)
 OPTIONS=(--engine hf --chat-template smollm2-tools
-         --harness-option agentloop.max_turns=3 --harness-option agentloop.max_tokens=64
+         --harness-option agentloop.max_turns=3 --harness-option agentloop.max_tokens=48
          --harness-option 'agentloop.tools=["bash","write"]'
          --harness-option claude-code.bare=true --harness-option claude-code.max_turns=3
-         --harness-option claude-code.max_tokens=64
+         --harness-option claude-code.max_tokens=48
          --harness-option claude-code.tools=Bash,Read,Write,Edit
-         --harness-option codex.max_tokens=64 --harness-option codex.idle_timeout_s=1800
+         --harness-option codex.max_tokens=48 --harness-option codex.idle_timeout_s=1800
          --harness-option codex.context_window=8192)
 
 policies=()
