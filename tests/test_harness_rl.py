@@ -17,7 +17,7 @@ served by that reloaded policy. What must hold is the plumbing, not what the pol
 
 The SFT is 4 updates on the 3 demonstrations, so the step's own rollouts already try Claude
 Code's tools. It is `heavy`: on a shared 2-core machine it runs longer than a default-run test may
-(`python3 bench/results_md.py python3 -m pytest -m heavy tests/test_harness_rl.py` records its time).
+(its wall time: docs/results.md, `python3 -m pytest -m heavy tests/test_harness_rl.py`).
 """
 
 from __future__ import annotations
