@@ -113,7 +113,7 @@ def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) 
     assert (r.model.init, r.engine.chat_template, r.sft.family) == ("smollm2-135m-instruct", "smollm2-tools", "lookup")
     assert r.rollout.harnesses == harnesses and r.sft.harnesses in ([], harnesses)  # the teacher runs in the training harnesses
     assert r.rollout.tasks == lookup / "train" and r.eval.tasks == lookup / "heldout" and r.eval.harnesses == harnesses
-    teacher_tasks = len(list((r.sft.tasks or r.rollout.tasks).iterdir()))
+    teacher_tasks = r.sft.tasks_per_step or len(list((r.sft.tasks or r.rollout.tasks).iterdir()))
     assert r.sft.n * teacher_tasks * len(harnesses) == 96  # SFT trajectories
     assert r.rollout.tasks_per_step * len(harnesses) * r.rollout.n == 24  # rollouts a GRPO step
     assert (r.run.steps, r.eval.every, r.eval.n, r.train["lr"], r.sft.lr) == (3, 3, 1, 2e-5, 1e-4)
@@ -125,13 +125,16 @@ def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) 
         assert options["codex"]["context_window"] == 8192
 
 
-def test_the_lookup_demonstrations_are_train_tasks() -> None:
-    lookup = ROOT / "recipes" / "tasks" / "lookup"
-    demos = sorted(d.name for d in (lookup / "demos").iterdir())
-    assert demos == sorted(d.name for d in (lookup / "train").iterdir())[:32]
-    for d in demos:  # byte-for-byte copies, so the mix recipe's teacher shows nothing the others' did not
-        files = {f.relative_to(lookup / "demos" / d): f.read_bytes() for f in (lookup / "demos" / d).rglob("*") if f.is_file()}
-        assert files == {f.relative_to(lookup / "train" / d): f.read_bytes() for f in (lookup / "train" / d).rglob("*") if f.is_file()}
+def test_sft_tasks_per_step_draws_the_teacher_tasks_once(tmp_path: Path) -> None:
+    """[sft] tasks_per_step: the cold start's teacher shows that many of the tasks, the same draw every time."""
+    from clawgym.rollout.runner import select_tasks
+
+    r = load_recipe(ROOT / "recipes" / "mix-harness-smollm2.toml")
+    cfg = r.sft_rollout_config(tmp_path / "m")
+    assert cfg.tasks_per_step == 32 and cfg.tasks == ROOT / "recipes" / "tasks" / "lookup" / "train"
+    picked = [t.id for t in select_tasks(cfg)]
+    assert len(picked) == len(set(picked)) == 32 and picked == [t.id for t in select_tasks(cfg)]
+    assert r.eval_config(tmp_path / "e", 0, "eval.").tasks_per_step == 0  # evaluations run every held-out task
 
 
 def test_the_harness_table_script_evaluates_every_run_with_the_recipes_settings(tmp_path: Path) -> None:
