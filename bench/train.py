@@ -41,7 +41,9 @@ one ~6k-token system prompt, 3–8 calls each, subagents with their own shared p
 `openclaw_step`: 2 tasks × 4 rollouts under ~19k tokens, each branching where its context was
 pruned) as the trainer plans them, three ways: before (today's budget, the whole LM head), after
 (the chunked head, same budget) and after with the budget that the same memory holds with the
-chunked head (clawgym.train.memory). It prints tokens forwarded / the step's unique tokens, process
+chunked head (clawgym.train.memory); then, at both budgets with the chunked head, the step's
+shared system prompt forwarded once for the whole step (clawgym.train.prefix) instead of once per
+micro-batch. It prints tokens forwarded / the step's unique tokens, process
 CPU time of forward + backward / a plain causal pass over the unique tokens (cut into budget-long
 rows, the same number of scored tokens), and the LM head's peak resident memory per trainable token
 (measured alone in a fresh process, with the micro-batch's trainable tokens), then the head alone
@@ -51,7 +53,10 @@ at 1k and 4k trainable tokens with SmolLM2's 49k vocabulary:
     nice -n 10 python bench/train.py --harness --models smollm2 --repeats 1     # SmolLM2-135M, reduced steps
 
 `--small` runs the harness steps tiny (a 180-token system prompt), once, as a correctness check
-(chunked and whole head give the same logprobs, entropies and gradients; exit 1 if not), in seconds.
+(chunked and whole head give the same logprobs, entropies and gradients, and so do the step prefix
+and the tries; exit 1 if not), in seconds. The log line of each run also gives its attention
+query-key pairs beside the plain rows' and beside every unique token over its whole root path
+(what exact attention needs: plain rows cut those paths at the budget).
 
 With `--group` it packs a Claude-Code-like GRPO group (8 rollouts sharing a 19k-token prompt, then
 each its own turns) as one tree per rollout vs one group trie (`--share-prefixes`, trie.py):
@@ -388,7 +393,7 @@ def _nbytes(x) -> int:
 
 def masks(args) -> None:
     """Mask memory and time: dense vs block mask from the dense mask vs mask_mod, at 8k and 32k tokens."""
-    from clawgym.train.attention import flex_block_mask
+    from clawgym.train.attention_flex import flex_block_mask
 
     policy = _tiny_policy(args)
     vocab = policy.lm.config.vocab_size
@@ -577,17 +582,22 @@ class StepRun:
         return max(int(w.numel()) for _, w in self.batches)
 
 
-def _step_runs(trees: list[PackedTree], budgets: list[int]) -> dict[tuple[str, int], list]:
-    """The step's micro-batches as the trainer plans them (group tries, trie.py) at each budget, and
-    the baseline: the step's unique tokens (its trie, depth-first) cut into plain causal rows."""
+def _step_runs(trees: list[PackedTree], budgets: list[int]) -> tuple[dict[tuple[str, int], list], dict]:
+    """The step's micro-batches as the trainer plans them at each budget: group tries (trie.py) and the step
+    prefix forwarded once (prefix.py, the prefix-run's ids and each micro-batch's rows in the second dict),
+    and the baseline: the step's unique tokens (its trie, depth-first) cut into plain causal rows."""
+    from clawgym.train import prefix
     from clawgym.train.trie import merge_trees, plan
 
-    runs = {}
+    runs, extra = {}, {}
     unique = merge_trees(trees)
     n_scored = sum(t.n_trainable for t in trees)
     for budget in budgets:
-        runs[("step", budget)] = [(collate(parts, range(len(parts))), torch.ones(sum(trees[i].n_trainable for i in rows)))
-                                  for rows, parts in plan(trees, range(len(trees)), budget)]
+        for key, planned in ((("step", budget), plan(trees, range(len(trees)), budget)),
+                             (("prefix", budget), prefix.plan(trees, range(len(trees)), budget))):
+            runs[key] = [(collate(parts, range(len(parts))), torch.ones(sum(trees[i].n_trainable for i in rows)))
+                         for rows, parts in planned]
+            extra[key] = (prefix.prefix_ids(trees, planned), [rows for rows, _ in planned])
         rows = []
         for a in range(0, unique.n_tokens, budget):
             path = torch.arange(a, min(a + budget, unique.n_tokens))
@@ -595,17 +605,51 @@ def _step_runs(trees: list[PackedTree], budgets: list[int]) -> dict[tuple[str, i
             chain = as_chain(unique, path, path[1:][:k])
             rows.append((collate([chain], [0]), torch.ones(chain.target_ids.numel())))
         runs[("plain", budget)] = rows
-    return runs
+    return runs, extra
 
 
-def _fwd_bwd_cpu(policy: PackedPolicy, batches) -> float:
-    """Process CPU seconds of forward + backward over the micro-batches, as training computes them."""
+def _fwd_bwd_cpu(policy: PackedPolicy, batches, prefix_ids: torch.Tensor | None = None) -> float:
+    """Process CPU seconds of forward + backward over the micro-batches, as training computes them (with
+    `prefix_ids`: that prefix forwarded once first, its gradient sent back through it after the last)."""
+    from clawgym.train.prefix import SharedPrefix
+
     c0 = time.process_time()
+    shared = SharedPrefix(policy.backbone, prefix_ids, torch.device("cpu")) if prefix_ids is not None else None
     for mb, w in batches:
+        if isinstance(mb.attention_mask, TreePlan) and mb.attention_mask.prefix_len:
+            mb = shared.attach(mb)
         logp, _ = policy(mb, with_entropy=True)
         (-(w * logp).sum()).backward()
+    if shared is not None:
+        shared.backward()
     policy.zero_grad(set_to_none=True)
     return time.process_time() - c0
+
+
+def _same_as_tries(policy: PackedPolicy, trees: list[PackedTree], runs, extra, budget: int) -> tuple[float, float]:
+    """The step prefix's plan against the trie plan at `budget`: the largest logprob difference and the largest
+    parameter-gradient difference relative to each gradient's scale (the bench's check of prefix.py)."""
+    from clawgym.train.prefix import SharedPrefix
+
+    logps, grads = [], []
+    for key in (("step", budget), ("prefix", budget)):
+        ids, rows = extra[key]
+        shared = SharedPrefix(policy.backbone, ids, torch.device("cpu")) if ids is not None else None
+        got = {}
+        for (mb, _), r in zip(runs[key], rows):
+            if isinstance(mb.attention_mask, TreePlan) and mb.attention_mask.prefix_len:
+                mb = shared.attach(mb)
+            logp, _ = policy(mb)
+            sizes = [trees[i].n_trainable for i in r]
+            (-(torch.cat([torch.linspace(0.5, 1.5, n) for n in sizes]) * logp).sum()).backward()  # a per-token signal
+            got.update(zip(r, logp.detach().split(sizes)))
+        if shared is not None:
+            shared.backward()
+        logps.append(torch.cat([got[i] for i in sorted(got)]))
+        grads.append([p.grad.clone() for p in policy.parameters() if p.grad is not None])
+        policy.zero_grad(set_to_none=True)
+    grad_diff = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12)) for a, b in zip(*grads))
+    return float((logps[0] - logps[1]).abs().max()), grad_diff
 
 
 def _smollm2_policy() -> PackedPolicy:
@@ -661,39 +705,51 @@ def harness(args) -> int:
     for col in ("model", "shape (scale)", "run", "micro-batches", "forwarded / unique", "step s", "step / plain causal",
                 "head B / trainable tok", "head vs before"):
         table.add_column(col, justify="left" if col in ("model", "shape (scale)", "run") else "right")
-    checks = []
+    checks, prefix_checks = [], []
     for mname, policy, scale, b0 in models:
         V, H = policy.lm.config.vocab_size, policy.lm.config.hidden_size
         for shape, make in HARNESS_STEPS.items():
             trees = [pack_tree(n) for n in make(random.Random(0), V, scale)]
-            unique = merge_trees(trees).n_tokens
+            whole = merge_trees(trees)
+            unique = whole.n_tokens
+            root_pairs = int((whole.position_ids + 1).sum())  # what exact attention needs: each token over its root path
             # The budget the whole head's memory holds with the chunked head, for the full-size step (a
             # reduced step scales it like its tokens: the chunk's fixed memory does not shrink with it).
             frac = sum(t.n_trainable for t in trees) / unique
             b1 = max(b0, int(same_memory_budget(policy.lm.config, round(b0 / scale), frac, chunk) * scale))
-            runs = _step_runs(trees, [b0, b1])
+            runs, extra = _step_runs(trees, [b0, b1])
             checks.append((f"{mname} {shape}", *_same_scores(policy, runs[("step", b0)], chunk)))
+            prefix_checks.append((f"{mname} {shape}", *_same_as_tries(policy, trees, runs, extra, b0)))
             configs = [(f"before: budget {b0:,}, whole head", ("step", b0), 0), (f"after: budget {b0:,}, chunked", ("step", b0), chunk),
-                       (f"after: budget {b1:,} (same memory), chunked", ("step", b1), chunk)]
+                       (f"after: budget {b1:,} (same memory), chunked", ("step", b1), chunk),
+                       (f"step prefix: budget {b0:,}, chunked", ("prefix", b0), chunk),
+                       (f"step prefix: budget {b1:,}, chunked", ("prefix", b1), chunk)]
             cpu: dict = {}
             for _ in range(args.repeats):  # interleaved, so load from other processes hits every run alike
                 for label, key, c in configs + [("plain", ("plain", b0), chunk), ("plain", ("plain", b1), chunk)]:
                     policy.head_chunk = c
-                    cpu.setdefault((label, key), []).append(_fwd_bwd_cpu(policy, runs[key]))
+                    cpu.setdefault((label, key), []).append(_fwd_bwd_cpu(policy, runs[key], extra.get(key, (None,))[0]))
             head_before = None
             for label, key, c in configs:
                 batches = runs[key]
+                ids = extra[key][0]
+                forwarded = sum(mb.n_tokens for mb, _ in batches) + (ids.numel() if ids is not None else 0)
                 T = max(int(w.numel()) for _, w in batches)
                 head = head_peak_bytes(T, V, H, c) / T if not args.small else math.nan
                 head_before = head if head_before is None else head_before
                 step_s = statistics.median(cpu[(label, key)])
                 plain_s = statistics.median(cpu[("plain", ("plain", key[1]))])
                 table.add_row(mname, f"{shape} ({scale:g})", label, str(len(batches)),
-                              f"{sum(mb.n_tokens for mb, _ in batches) / unique:.2f}", f"{step_s:.2f}", f"{step_s / plain_s:.2f}x",
+                              f"{forwarded / unique:.2f}", f"{step_s:.2f}", f"{step_s / plain_s:.2f}x",
                               "not measured" if args.small else f"{head:,.0f}",
                               f"{head_before / head:.1f}x lower" if not args.small and head != head_before else "")
-                console_log(f"{mname} {shape} {label}: unique {unique:,}, forwarded {sum(mb.n_tokens for mb, _ in batches):,}, "
-                            f"step {step_s:.2f} s, plain {plain_s:.2f} s, head {head:,.0f} B/token at {T:,} trainable tokens")
+                n = ids.numel() if ids is not None else 0
+                pairs = sum(attention_pairs(mb) for mb, _ in batches) + n * (n + 1) // 2
+                plain_pairs = sum(attention_pairs(mb) for mb, _ in runs[("plain", key[1])])
+                console_log(f"{mname} {shape} {label}: unique {unique:,}, forwarded {forwarded:,}, "
+                            f"step {step_s:.2f} s, plain {plain_s:.2f} s, head {head:,.0f} B/token at {T:,} trainable tokens; "
+                            f"attention pairs {pairs / 1e6:,.1f}M, plain {plain_pairs / 1e6:,.1f}M, "
+                            f"every unique token over its root path {root_pairs / 1e6:,.1f}M")
             table.add_section()
     Console(width=220).print(table)
     if not args.small:
@@ -705,6 +761,12 @@ def harness(args) -> int:
         ok &= good
         print(f"{name}: logprob/entropy error vs float64: whole head {whole_err:.1e}, chunked {part_err:.1e}; "
               f"gradients differ by {grad_diff:.1e} of their scale " + ("(ok)" if good else "(WRONG)"))
+    for name, logp_diff, grad_diff in prefix_checks:
+        # The step prefix forwarded once must score and back-propagate as the tries do (fp32).
+        good = logp_diff <= 1e-5 and grad_diff <= 1e-5
+        ok &= good
+        print(f"{name}: step prefix vs tries: logprobs differ by {logp_diff:.1e}, gradients by {grad_diff:.1e} of their scale "
+              + ("(ok)" if good else "(WRONG)"))
     return 0 if ok else 1
 
 

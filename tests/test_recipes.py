@@ -94,3 +94,77 @@ def test_ray_section_reaches_the_rollout_config(tmp_path: Path) -> None:
     cfg = r.rollout_config(tmp_path / "out", 1, 0)
     assert (cfg.ray, cfg.ray_num_cpus, cfg.proxy_host) == ("local", 0.5, "0.0.0.0")
     assert '[ray]\naddress = "local"\nnum_cpus = 0.5' in recipe_to_toml(r)
+
+
+HARNESS_RECIPES = {"claude-code": ["claude-code"], "codex": ["codex"], "whitebox": ["agentloop"],
+                   "mix-harness-smollm2": ["claude-code", "codex", "agentloop"]}
+
+
+@pytest.mark.parametrize("name", sorted(HARNESS_RECIPES))
+def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) -> None:
+    """The four runs of the harness table (recipes/harness-table.sh) differ only in their harnesses:
+    the same model, family, held-out set, teacher-trajectory count and rollouts per step, and each
+    harness slimmed so its prompts fit SmolLM2's 8,192-token window."""
+    r = load_recipe(ROOT / "recipes" / f"{name}.toml")
+    check_runnable(r)
+    assert recipe_to_toml(r) == recipe_to_toml(load_recipe(ROOT / "recipes" / f"{name}.toml"))
+    lookup = ROOT / "recipes" / "tasks" / "lookup"
+    harnesses = HARNESS_RECIPES[name]
+    assert (r.model.init, r.engine.chat_template, r.sft.family) == ("smollm2-135m-instruct", "smollm2-tools", "lookup")
+    assert r.rollout.harnesses == harnesses and r.sft.harnesses in ([], harnesses)  # the teacher runs in the training harnesses
+    assert r.rollout.tasks == lookup / "train" and r.eval.tasks == lookup / "heldout" and r.eval.harnesses == harnesses
+    teacher_tasks = r.sft.tasks_per_step or len(list((r.sft.tasks or r.rollout.tasks).iterdir()))
+    assert r.sft.n * teacher_tasks * len(harnesses) == 96  # SFT trajectories
+    assert r.rollout.tasks_per_step * len(harnesses) * r.rollout.n == 24  # rollouts a GRPO step
+    assert (r.run.steps, r.eval.every, r.eval.n, r.train["lr"], r.sft.lr) == (3, 3, 1, 2e-5, 1e-4)
+    options = r.rollout.harness_options
+    assert set(options) == set(harnesses) and all(o["max_tokens"] == 48 for o in options.values())
+    if "claude-code" in harnesses:  # the one-line system prompt (bare, its default) and four tools: about 2k tokens
+        assert options["claude-code"]["bare"] is True and options["claude-code"]["tools"] == "Bash,Read,Write,Edit"
+    if "codex" in harnesses:
+        assert options["codex"]["context_window"] == 8192
+
+
+def test_sft_tasks_per_step_draws_the_teacher_tasks_once(tmp_path: Path) -> None:
+    """[sft] tasks_per_step: the cold start's teacher shows that many of the tasks, the same draw every time."""
+    from clawgym.rollout.runner import select_tasks
+
+    r = load_recipe(ROOT / "recipes" / "mix-harness-smollm2.toml")
+    cfg = r.sft_rollout_config(tmp_path / "m")
+    assert cfg.tasks_per_step == 32 and cfg.tasks == ROOT / "recipes" / "tasks" / "lookup" / "train"
+    picked = [t.id for t in select_tasks(cfg)]
+    assert len(picked) == len(set(picked)) == 32 and picked == [t.id for t in select_tasks(cfg)]
+    assert r.eval_config(tmp_path / "e", 0, "eval.").tasks_per_step == 0  # evaluations run every held-out task
+
+
+def test_the_harness_table_script_evaluates_every_run_with_the_recipes_settings(tmp_path: Path) -> None:
+    """recipes/harness-table.sh (DRY_RUN=1 prints its `clawgym compare` command): a row for the base
+    policy, each run's SFT and last step checkpoints, and the recipes' own harness settings."""
+    import subprocess
+
+    from clawgym.rollout.config import harness_options
+
+    for run in HARNESS_RECIPES:
+        for ckpt in ("sft", "step-0002", "step-0003"):
+            (tmp_path / run / "checkpoints" / ckpt).mkdir(parents=True)
+    script = ROOT / "recipes" / "harness-table.sh"
+    r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "RUNS_DIR": str(tmp_path)},
+                       capture_output=True, text=True, check=True)
+    words = r.stdout.splitlines()
+    assert words[:2] == ["clawgym", "compare"]
+    flags = {}
+    for flag, value in zip(words[2::2], words[3::2]):
+        flags.setdefault(flag, []).append(value)
+    runs = ["whitebox", "claude-code", "codex", "mix-harness-smollm2"]
+    assert flags["--policy"] == [f"base={tmp_path}/whitebox/model-init"] + [
+        p for run in runs for p in (f"{run}-sft={tmp_path}/{run}/checkpoints/sft", f"{run}={tmp_path}/{run}/checkpoints/step-0003")]
+    assert flags["--harness"] == ["agentloop,claude-code,codex"] and flags["--tasks"] == [str(ROOT / "recipes" / "tasks" / "lookup" / "heldout")]
+    mix = load_recipe(ROOT / "recipes" / "mix-harness-smollm2.toml")  # it names every harness's settings
+    assert harness_options(flags["--harness-option"], "--harness-option") == mix.rollout.harness_options
+    assert (flags["--engine"], flags["--chat-template"]) == ([mix.engine.name], [mix.engine.chat_template])
+    (tmp_path / "codex" / "checkpoints" / "step-0002").rmdir()
+    (tmp_path / "codex" / "checkpoints" / "step-0003").rmdir()
+    r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "RUNS_DIR": str(tmp_path)},
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == (f"error: {tmp_path}/codex has no step checkpoint: run `clawgym run "
+                                                      "recipes/codex.toml` first, or leave codex out of RUNS")

@@ -135,6 +135,8 @@ class SftSection:
 
     n: int = option(0, "teacher trajectories per task–harness pair; 0 = no cold start")
     tasks: Path | None = option(None, "default: the rollout tasks")
+    tasks_per_step: int = same_as(RolloutConfig, "tasks_per_step", help="the teacher shows only this many of the tasks, "
+                                  "drawn once (seeded as a step 0 draw); 0 = every task")
     harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
     engine: str = option("teacher", "the engine that plays the teacher, serving the student's tokenizer")
     family: str | None = option(None, "the teacher engine's task family (docs/tasks.md)")
@@ -207,7 +209,7 @@ class Recipe:
         s = self.sft
         return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks, n=s.n or self.rollout.n,
                              harnesses=s.harnesses or self.rollout.harnesses, model=model, engine=s.engine,
-                             engine_options=self.sft_engine_options(), id_prefix="sft.")
+                             engine_options=self.sft_engine_options(), id_prefix="sft.", tasks_per_step=s.tasks_per_step)
 
     def train_settings(self) -> dict[str, Any]:
         """Every TrainConfig setting a step trains with: [train]'s keys over TrainConfig's defaults."""
@@ -224,7 +226,7 @@ class Recipe:
 
     def _rollout(self, out: Path, **given: Any) -> RolloutConfig:
         """The RolloutConfig of [rollout] (its keys are RolloutConfig's fields), [engine] and [ray],
-        with `given` fields set over them; an evaluation or the teacher runs every task (tasks_per_step 0)."""
+        with `given` fields set over them; an evaluation runs every task (tasks_per_step 0), the teacher [sft]'s draw."""
         ro, engine, ray = self.rollout, self.engine, self.ray
         keys = {f.name: getattr(ro, f.name) for f in dataclasses.fields(RolloutSection) if f.name in _ROLLOUT_FIELDS}
         return RolloutConfig(**{**keys, "out": out, "engine": engine.name, "engine_options": dict(engine.options),

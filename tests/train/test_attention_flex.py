@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from clawgym.train.attention import FLEX_BLOCK
+from clawgym.train.attention_flex import FLEX_BLOCK
 from clawgym.train.packing import PackedPolicy, collate, pack_tree
 from test_train_packing import lm, random_tree  # noqa: F401 - `lm` is a fixture used below
 

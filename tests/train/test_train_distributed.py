@@ -17,7 +17,8 @@ from clawgym.train.packing import plan_microbatches
 from clawgym.train.config import TrainConfig
 from clawgym.train.loop import train
 
-PROMPT = list(range(40, 60))
+# An 80-token prompt: one process forwards it once per step (prefix.py), two fall back to once per micro-batch.
+PROMPT = list(range(40, 120))
 TOOL = list(range(300, 310))
 # Answers of very different lengths, so the shards and their micro-batch counts differ between ranks.
 ANSWERS = [list(range(100, 100 + n)) for n in (3, 40, 6, 90, 12)]

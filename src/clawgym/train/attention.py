@@ -25,16 +25,23 @@ itself the trainer passes an all-ones [B, L] padding mask, for which HF's mask b
 for this implementation as plain SDPA masks) build nothing; without it, the non-monotonic position
 ids of a packed tree would look like packed sequences and HF would build an unused L² mask.
 
-"Flex" attention (the CUDA default) hands FlexAttention a mask_mod over per-token node ids and
-the nodes' depth-first intervals (`FlexTree`): O(L) memory, no [L, L] mask anywhere, and a block
-mask that lets the kernel skip empty blocks. FlexAttention has no backward pass on CPU; there its
-forward runs eagerly (the tests compare it with the other paths), on CUDA it is compiled.
+"Flex" attention (the CUDA default, attention_flex.py) hands FlexAttention a mask_mod over
+per-token node ids and the nodes' depth-first intervals (`FlexTree`): O(L) memory, no [L, L] mask
+anywhere, and a block mask that lets the kernel skip empty blocks.
 
 The layer's own keyword arguments are honoured, so the tree path is exact on more than plain
 attention: `sliding_window` (Mistral, Gemma 2/3, Qwen2 with windows: a key more than the window
 behind the query *in depth on its root path* is dropped) and `softcap` (Gemma 2's attention logit
 soft-capping, which SDPA cannot do, so those layers are scored explicitly). A call without a plan
 (generation, a plain causal batch) goes to transformers' own SDPA function unchanged.
+
+A step's shared prefix (prefix.py) reaches the layers the same way. The prefix's forward carries a
+`PrefixKV` to `record` into: each layer keeps its keys and values (after RoPE and any key norm, as
+it attends with them). A micro-batch planned after that prefix has `prefix_len` set and the
+prefix's `PrefixKV` attached: each layer puts the prefix's keys/values (of its own `layer_idx`) in
+front of its own, and every query attends to all of them, the prefix being an ancestor of every
+token. Key indices of a plan with a prefix are then prefix-first: row token i is key
+`prefix_len + i`. Not with sliding windows (prefix.py falls back there).
 """
 
 from __future__ import annotations
@@ -44,138 +51,55 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from clawgym.train.attention_flex import FlexTree, flex_attend
+
+
 QUERY_BLOCK = 512
 IMPLEMENTATION = "clawgym_tree"
 TREE_KWARG = "clawgym_tree"
 
 
 @dataclass
+class PrefixKV:
+    """A shared prefix's keys and values per attention layer (`layer_idx`), each [1, Hkv, P, D]."""
+
+    length: int
+    keys: dict[int, torch.Tensor] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def keep(self, module, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Record one layer's keys/values; the first call wins, so activation checkpointing's
+        recompute in the backward does not replace the tensors the caller already holds."""
+        i = _layer(module)
+        self.keys.setdefault(i, key)
+        self.values.setdefault(i, value)
+
+    def extend(self, module, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's prefix keys/values in front of a micro-batch's own: [B, Hkv, P + L, D]."""
+        i = _layer(module)
+        pk, pv = self.keys[i], self.values[i]
+        B = key.shape[0]
+        return (torch.cat([pk.expand(B, -1, -1, -1).to(key.dtype), key], dim=2),
+                torch.cat([pv.expand(B, -1, -1, -1).to(value.dtype), value], dim=2))
+
+
+def _layer(module) -> int:
+    i = getattr(module, "layer_idx", None)
+    if i is None:
+        raise ValueError(f"{type(module).__name__} has no layer_idx: a shared prefix cannot be matched to its layer")
+    return int(i)
+
+
+@dataclass
 class Block:
-    """Queries [q0, q1) of one row attend to keys in `key_ranges`; the last q1 − q0 keys causally."""
+    """Queries [q0, q1) of one row attend to keys in `key_ranges`; the last q1 − q0 keys causally.
+
+    Key indices count the plan's prefix first (module docstring); without a prefix they are row indices."""
 
     q0: int
     q1: int
     key_ranges: list[tuple[int, int]]
     mask: torch.Tensor | None  # [q1 − q0, K] bool, or None for plain causal (keys == queries)
-
-
-@dataclass
-class FlexTree:
-    """A micro-batch's tree structure for FlexAttention in O(L) memory: no [L, L] mask is ever built.
-
-    Nodes are numbered in depth-first (pre-order) order per row, so a node's subtree is the index
-    interval [node, last[node]]; node j is an ancestor-or-self of node i iff j <= i <= last[j]
-    (its entry index precedes i's and its exit index follows i's). Token q may attend to token kv
-    iff kv <= q in sequence order and kv's node is an ancestor-or-self of q's node; within one node
-    that is plain causality. Padding tokens form one extra node per row that nothing else reaches.
-    """
-
-    node: torch.Tensor  # [B, L] long: each token's node
-    last: torch.Tensor  # [B, N] long: the last node (pre-order index) in each node's subtree
-    positions: torch.Tensor  # [B, L] long: depth on the root path (sliding windows measure it)
-    masks: dict = field(default_factory=dict, compare=False)  # sliding window (or None) → BlockMask, built once
-
-    def to(self, device: torch.device) -> "FlexTree":
-        return FlexTree(self.node.to(device), self.last.to(device), self.positions.to(device))
-
-    def allowed(self, b, q, kv, window: int | None = None):
-        """The mask_mod's rule, on index tensors that broadcast (one batch row b)."""
-        nq, nk = self.node[b, q], self.node[b, kv]
-        ok = (kv <= q) & (nk <= nq) & (nq <= self.last[b, nk])
-        if window is not None:
-            ok = ok & (self.positions[b, q] - self.positions[b, kv] < window)
-        return ok
-
-    def block_mask(self, window: int | None = None):
-        """The FlexAttention BlockMask for one window (None: full attention), cached per window."""
-        if window not in self.masks:
-            self.masks[window] = _tree_block_mask(self, window)
-        return self.masks[window]
-
-
-def flex_tree(nodes: list[tuple[torch.Tensor, list[int]]], positions: torch.Tensor) -> FlexTree:
-    """A FlexTree over rows given as (token → node index [n], node parents in pre-order); positions [B, L]."""
-    (B, length), N = positions.shape, max(len(parents) for _, parents in nodes) + 1
-    node = torch.zeros(B, length, dtype=torch.long)
-    last = torch.zeros(B, N, dtype=torch.long)
-    for b, (node_index, parents) in enumerate(nodes):
-        n = len(parents)
-        end = list(range(n))
-        for i in range(n - 1, -1, -1):  # children follow their parent in pre-order: fold each subtree's end upwards
-            if parents[i] >= 0:
-                end[parents[i]] = max(end[parents[i]], end[i])
-        last[b, :n] = torch.tensor(end, dtype=torch.long)
-        last[b, n:] = torch.arange(n, N)  # the padding node (and unused slots) reach only themselves
-        node[b, : node_index.numel()] = node_index
-        node[b, node_index.numel():] = n
-    return FlexTree(node, last, positions)
-
-
-FLEX_BLOCK = 128  # FlexAttention's default sparse block size
-_Q_CHUNK = 1024  # queries evaluated at once when the block mask is built: memory O(_Q_CHUNK · L), never L²
-
-
-def _tree_block_mask(tree: FlexTree, window: int | None):
-    """Which [FLEX_BLOCK × FLEX_BLOCK] blocks are empty, partial or full, evaluated a slab of queries at a time."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    B, L = tree.node.shape
-    nb = -(-L // FLEX_BLOCK)
-    dev = tree.node.device
-    partial = torch.zeros(B, nb, nb, dtype=torch.bool, device=dev)
-    full = torch.zeros(B, nb, nb, dtype=torch.bool, device=dev)
-    kv = torch.arange(L, device=dev)
-    for b in range(B):
-        for q0 in range(0, L, _Q_CHUNK):
-            q1 = min(q0 + _Q_CHUNK, L)
-            q = torch.arange(q0, q1, device=dev)
-            m = tree.allowed(b, q[:, None], kv[None, :q1], window)  # [q, q1]: keys after the last query are masked
-            nq = -(-q.numel() // FLEX_BLOCK)
-            # Out-of-range queries/keys count as masked, so a ragged last block is never taken as full.
-            m = F.pad(m, (0, nb * FLEX_BLOCK - q1, 0, nq * FLEX_BLOCK - q.numel())).view(nq, FLEX_BLOCK, nb, FLEX_BLOCK)
-            some, every = m.any(3).any(1), m.all(3).all(1)
-            qb = q0 // FLEX_BLOCK
-            partial[b, qb : qb + nq] = some & ~every
-            full[b, qb : qb + nq] = every
-
-    def ordered(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # [B, 1, nb] counts and [B, 1, nb, nb] block indices, the selected ones first (BlockMask's layout)
-        idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True)
-        return sel.sum(-1, dtype=torch.int32)[:, None], idx.to(torch.int32)[:, None]
-
-    def mask_mod(b, h, q, kv):
-        return tree.allowed(b, q, kv, window)
-
-    kv_num, kv_idx = ordered(partial)
-    full_num, full_idx = ordered(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, FLEX_BLOCK, mask_mod, seq_lengths=(L, L))
-
-
-_compiled_flex = None
-
-
-def _flex(q, k, v, **kw):
-    """flex_attention: compiled on CUDA (the fused kernel), eager elsewhere (CPU: exact, forward only)."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if q.device.type != "cuda":
-        return flex_attention(q, k, v, **kw)
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex(q, k, v, **kw)
-
-
-def _flex_attend(tree: FlexTree, query, key, value, scaling, sliding_window, softcap, dropout) -> torch.Tensor:
-    """Tree attention through FlexAttention with the tree's block mask: [B, H, L, D]."""
-    if dropout > 0:
-        raise ValueError("attention dropout is not supported by FlexAttention tree attention")
-    score_mod = None
-    if softcap is not None:
-        def score_mod(score, b, h, q, kv):
-            return torch.tanh(score / softcap) * softcap
-    return _flex(query, key, value, score_mod=score_mod, block_mask=tree.block_mask(sliding_window), scale=scaling,
-                 enable_gqa=key.shape[1] != query.shape[1])
 
 
 @dataclass
@@ -187,13 +111,16 @@ class TreePlan:
     positions: torch.Tensor  # [B, L] long: each token's depth on its root path (sliding windows measure it)
     dense: torch.Tensor | None = None  # [B, 1, L, L] bool ancestor mask (--attention dense), else None
     flex: FlexTree | None = None  # node ids and depth-first intervals (--attention flex), else None
+    prefix_len: int = 0  # tokens of a shared prefix every row continues (its keys come first: module docstring)
+    prefix: PrefixKV | None = None  # that prefix's keys/values, attached before the forward
+    record: PrefixKV | None = None  # the prefix's own forward: each layer keeps its keys/values here
     uses: int = field(default=0, compare=False)  # attention layers that read this plan (support.py checks it)
 
     def to(self, device: torch.device) -> "TreePlan":
         rows = [[Block(b.q0, b.q1, b.key_ranges, None if b.mask is None else b.mask.to(device)) for b in r] for r in self.rows]
         dense = None if self.dense is None else self.dense.to(device)
         flex = None if self.flex is None else self.flex.to(device)
-        return TreePlan(rows, self.lengths, self.positions.to(device), dense, flex)
+        return TreePlan(rows, self.lengths, self.positions.to(device), dense, flex, self.prefix_len, self.prefix, self.record)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -206,8 +133,9 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def plan_blocks(node_parent: list[int], node_start: list[int], n_tokens: int) -> list[Block]:
-    """Blocks of one packed tree from its node structure (nodes in depth-first order)."""
+def plan_blocks(node_parent: list[int], node_start: list[int], n_tokens: int, prefix: int = 0) -> list[Block]:
+    """Blocks of one packed tree from its node structure (nodes in depth-first order); with `prefix`,
+    the tree continues a shared prefix of that many keys, which every block attends to first."""
     n = len(node_parent)
     ends = node_start[1:] + [n_tokens]
     runs: list[list[int]] = []  # [first node, start, end]
@@ -220,16 +148,16 @@ def plan_blocks(node_parent: list[int], node_start: list[int], n_tokens: int) ->
             runs.append([i, node_start[i], ends[i]])
     blocks: list[Block] = []
     for first, s, e in runs:
-        anc, p = [], node_parent[first]
+        anc, p = [(0, prefix)] if prefix else [], node_parent[first]
         while p >= 0:
-            anc.append((node_start[p], ends[p]))
+            anc.append((prefix + node_start[p], prefix + ends[p]))
             p = node_parent[p]
         if not anc:
             blocks.append(Block(s, e, [(s, e)], None))  # a root run: ordinary causal attention
             continue
         for a in range(s, e, QUERY_BLOCK):
             b = min(a + QUERY_BLOCK, e)
-            ranges = _merge(anc + [(s, b)])
+            ranges = _merge(anc + [(prefix + s, prefix + b)])
             K = sum(r1 - r0 for r0, r1 in ranges)
             q = b - a
             mask = torch.ones(q, K, dtype=torch.bool)
@@ -298,8 +226,16 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         # a refusal, not a stub: the support self-test turns it into the one-line error naming the architecture
         raise ValueError("attention sinks (s_aux) are not supported by tree attention")
     plan.uses += 1
+    if plan.record is not None:
+        plan.record.keep(module, key, value)
+    if plan.prefix_len:
+        if plan.prefix is None or plan.prefix.length != plan.prefix_len:
+            raise ValueError("a micro-batch planned after a shared prefix got no keys/values of that prefix")
+        if sliding_window is not None:
+            raise ValueError("a shared prefix with sliding-window attention is not supported")
+        key, value = plan.prefix.extend(module, key, value)
     if plan.flex is not None:
-        out = _flex_attend(plan.flex, query, key, value, scaling, sliding_window, softcap, dropout)
+        out = flex_attend(plan.flex, query, key, value, scaling, sliding_window, softcap, dropout)
         return out.transpose(1, 2).contiguous(), None
     if plan.dense is not None:
         mask = plan.dense
@@ -352,16 +288,3 @@ def enable_tree_attention(model: torch.nn.Module) -> None:
     register()
     if model.config._attn_implementation != IMPLEMENTATION:
         model.set_attn_implementation(IMPLEMENTATION)
-
-
-def flex_block_mask(dense: torch.Tensor):
-    """A FlexAttention BlockMask over a dense [B, 1, L, L] mask: the L² baseline bench/train.py compares against."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    dense = dense[:, 0]
-    B, L, _ = dense.shape
-
-    def mask_mod(b, h, q, kv):
-        return dense[b, q, kv]
-
-    return create_block_mask(mask_mod, B, None, L, L, device=dense.device)

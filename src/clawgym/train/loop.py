@@ -31,7 +31,7 @@ from rich.console import Console
 from clawgym import console as shared_console
 from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
-from clawgym.train import memory, output, setup
+from clawgym.train import memory, output, prefix, setup
 from clawgym.train.batch import Scores, choose, minibatches, pack, token_advantages
 from clawgym.train.config import TrainConfig
 from clawgym.train.distributed import launch, read_spec
@@ -73,8 +73,14 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     if ranks.dist.main:  # said once the models are loaded and checked, so a refused architecture or option is the only line
         console.print(batch.summary(cfg.algo, ranks.dist.world), highlight=False)
         console.print(memory.estimate_line(memory.shape_of(models.model_config), cfg, ranks.dist.world), highlight=False)
+    # A prompt the minibatch's trees share is forwarded once per optimizer step (prefix.py); where it
+    # cannot be (several processes, sliding windows), once per micro-batch, and the run says so.
+    once_per_micro_batch = prefix.unavailable(ranks.dist.world, models.model_config) if cfg.share_prefixes else None
+    if once_per_micro_batch and ranks.dist.main:
+        console.print(once_per_micro_batch, highlight=False)
     micro = RankMicroBatches(batch.trees, ranks.dist, ranks.accelerator, token_budget=cfg.token_budget,
-                             share_prefixes=cfg.share_prefixes, attention=models.attention, sharded=cfg.fsdp)
+                             share_prefixes=cfg.share_prefixes, attention=models.attention, sharded=cfg.fsdp,
+                             step_prefix=once_per_micro_batch is None)
     whole = micro.plan(range(len(batch.trees)))  # planned once; every whole-batch pass reuses it
 
     # 5) logp_old (and logp_ref) from the same packed forward as the updates, before any update.

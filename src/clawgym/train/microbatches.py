@@ -7,7 +7,7 @@ its list of micro-batches with zero-weight steps up to the longest rank's, so ev
 same forward/backward calls. `RankMicroBatches` hides all of that:
 
     plan = micro.plan(rows)                 # this rank's steps of minibatch `rows`, padded
-    for step in micro.steps(plan):          # collated, on the device
+    for step in micro.steps(plan, model):   # collated, on the device
         loss = (micro.token_weights(w, step) * per_token_loss).sum()
         micro.backward(model, step, loss)   # × world size; gradients all-reduced on the last step only
 
@@ -15,6 +15,10 @@ A padding step forwards the batch's smallest tree with weight zero, so it adds e
 DDP all-reduces gradients on a minibatch's last micro-batch only (`no_sync` before it); FSDP
 reduce-scatters every micro-batch into the shards, since skipping that would keep whole unsharded
 gradients. docs/training.md describes the scheme.
+
+With `step_prefix` (one process, `--share-prefixes`) a prompt that the minibatch's trees share is
+planned apart (prefix.py): `steps` forwards it once through `model` before the first step and, once
+the last step's backward is done, back-propagates the gradients the steps left on its keys/values.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from clawgym.train import trie
+from clawgym.train import prefix, trie
 from clawgym.train.distributed import Dist, padded_plan, shard
 from clawgym.train.packing import MicroBatch, PackedTree, collate
 
@@ -47,32 +51,52 @@ class MicroStep:
     """a zero-weight step, only there so every rank makes the same calls"""
     last: bool
     """the minibatch's last step: gradients are reduced across ranks after its backward"""
+    forwarded: int
+    """real tokens forwarded for this step: its own, and a shared prefix forwarded just before it"""
 
 
 class RankMicroBatches:
     """Plans, collates and back-propagates this rank's micro-batches of the packed `trees`."""
 
     def __init__(self, trees: Sequence[PackedTree], dist: Dist, accelerator, *, token_budget: int,
-                 share_prefixes: bool, attention: str, sharded: bool):
+                 share_prefixes: bool, attention: str, sharded: bool, step_prefix: bool = False):
         self.trees, self.dist, self.accelerator = list(trees), dist, accelerator
         self.token_budget, self.share_prefixes, self.attention, self.sharded = token_budget, share_prefixes, attention, sharded
+        self.step_prefix = step_prefix and share_prefixes and dist.world == 1  # prefix.unavailable says when not
         self.owner = shard([t.n_tokens for t in self.trees], dist.world)
         # The tree a padding step forwards: the smallest, so padding costs least.
         self.filler = min(range(len(self.trees)), key=lambda i: self.trees[i].n_tokens, default=0)
 
     def _plan_own(self, mine: list[int]) -> list[Planned]:
+        if self.step_prefix:
+            return prefix.plan(self.trees, mine, self.token_budget)
         return trie.plan(self.trees, mine, self.token_budget, self.share_prefixes)
 
     def plan(self, rows: Sequence[int]) -> RankPlan:
         """This rank's micro-batches of the minibatch `rows` (group tries when sharing prefixes), padded."""
         return padded_plan(list(rows), self.owner, self.dist.rank, self.dist.world, self._plan_own)
 
-    def steps(self, plan: RankPlan) -> Iterator[MicroStep]:
-        """The planned steps collated one at a time and moved to the device."""
+    def steps(self, plan: RankPlan, module) -> Iterator[MicroStep]:
+        """The planned steps collated one at a time and moved to the device, for `module` to forward.
+
+        If the plan continues a shared prefix, `module`'s backbone forwards it first (with grad if grad
+        is on) and it is back-propagated after the last step's backward (prefix.py).
+        """
+        ids, shared = prefix.prefix_ids(self.trees, plan), None
+        if ids is not None:
+            with self.accelerator.autocast():
+                # the decoder body of a PackedPolicy or a ValueModel, as its forward calls it
+                shared = prefix.SharedPrefix(self.accelerator.unwrap_model(module).backbone, ids, self.accelerator.device)
+        forwarded = shared.tokens if shared is not None else 0
         for j, planned in enumerate(plan):
             rows, parts = planned if planned is not None else ([self.filler], [self.trees[self.filler]])
-            mb = collate(parts, range(len(parts)), attention=self.attention)
-            yield MicroStep(rows, mb.to(self.accelerator.device), planned is None, j == len(plan) - 1)
+            mb = collate(parts, range(len(parts)), attention=self.attention).to(self.accelerator.device)
+            if parts[0].prefix:
+                mb = shared.attach(mb)
+            yield MicroStep(rows, mb, planned is None, j == len(plan) - 1, forwarded + mb.n_tokens)
+            forwarded = 0
+        if shared is not None:
+            shared.backward()
 
     def gather(self, per_tree: Sequence[torch.Tensor], step: MicroStep) -> torch.Tensor:
         """The step's trees' token tensors, in label order, on the device: [T_step]."""
@@ -101,7 +125,7 @@ class RankMicroBatches:
         """
         mine: dict[int, torch.Tensor] = {}
         with torch.no_grad(), self.accelerator.autocast():
-            for step in self.steps(plan):
+            for step in self.steps(plan, module):
                 out = module(step.batch)
                 if step.padding:
                     continue

@@ -18,7 +18,8 @@ and their ancestors. Dead leaves, subagent and compaction branches are never for
 structures: a segment plan (attention.py: per-run SDPA, the CPU default, no L² work), a dense
 boolean ancestor mask [B, 1, L, L], or per-token node ids for a FlexAttention mask_mod (the CUDA
 default, O(L) memory), each carried by a TreePlan so sliding windows and soft-capping apply; one
-unbranched tree gets no mask at all (plain causal attention). `backbone_forward` hands a
+unbranched tree gets no mask at all (plain causal attention). Trees that continue a step's shared
+prefix (prefix.py) get a plan whose keys start with that prefix's. `backbone_forward` hands a
 micro-batch to any transformers decoder (attention.py says how).
 """
 
@@ -32,7 +33,8 @@ import torch
 
 from clawgym.artifacts import TreeNode
 from clawgym.errors import UserError
-from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, flex_tree, plan_blocks
+from clawgym.train.attention import TREE_KWARG, TreePlan, enable_tree_attention, plan_blocks
+from clawgym.train.attention_flex import flex_tree
 from clawgym.train.config import ATTENTIONS
 from clawgym.train.lm_head import DEFAULT_CHUNK, chunked_logprobs
 from clawgym.trees import training_nodes
@@ -58,6 +60,7 @@ class PackedTree:
     leaf_ends: list[int]  # position of the last token of each leaf node
     path_tokens: int  # Σ over root-to-leaf paths of their length: what per-trajectory packing forwards
     is_chain: bool  # one root, no branching: plain causal attention suffices
+    prefix: int = 0  # tokens of a step's shared prefix this tree continues, forwarded apart (prefix.py); 0: a whole tree
 
     @property
     def n_tokens(self) -> int:
@@ -244,6 +247,9 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
     B, L = len(picked), max(t.n_tokens for t in picked)
     input_ids = torch.zeros(B, L, dtype=torch.long)
     position_ids = torch.zeros(B, L, dtype=torch.long)
+    prefix = picked[0].prefix
+    if any(t.prefix != prefix for t in picked):
+        raise ValueError("a micro-batch mixes trees that continue a shared prefix with trees that do not")
     pred_index, target_ids = [], []
     for b, t in enumerate(picked):
         input_ids[b, : t.n_tokens] = t.input_ids
@@ -253,21 +259,24 @@ def collate(trees: Sequence[PackedTree], rows: Sequence[int], *, attention: str 
     n_tokens = sum(t.n_tokens for t in picked)
     lengths = [t.n_tokens for t in picked]
     mask: TreePlan | None
-    if B == 1 and picked[0].is_chain:
+    if B == 1 and picked[0].is_chain and not prefix:
         mask = None  # an unbranched tree is an ordinary causal sequence: SDPA's is_causal path
     elif attention == "segments":
-        mask = TreePlan([plan_blocks(t.node_parent, t.node_start, t.n_tokens) for t in picked], lengths, position_ids)
+        mask = TreePlan([plan_blocks(t.node_parent, t.node_start, t.n_tokens, prefix) for t in picked], lengths, position_ids,
+                        prefix_len=prefix)
     elif attention == "flex":
-        flex = flex_tree([(t.node_index, t.node_parent) for t in picked], position_ids)
-        mask = TreePlan([[] for _ in picked], lengths, position_ids, flex=flex)
+        flex = flex_tree([(t.node_index, t.node_parent) for t in picked], position_ids, prefix)
+        mask = TreePlan([[] for _ in picked], lengths, position_ids, flex=flex, prefix_len=prefix)
     else:
-        dense = torch.zeros(B, 1, L, L, dtype=torch.bool)
+        # keys: the shared prefix (if any), which every row sees, then the row's own tokens
+        dense = torch.zeros(B, 1, L, prefix + L, dtype=torch.bool)
+        dense[..., :prefix] = True
         pad = torch.arange(L)
         for b, t in enumerate(picked):
-            dense[b, 0, : t.n_tokens, : t.n_tokens] = t.attention_mask()
+            dense[b, 0, : t.n_tokens, prefix : prefix + t.n_tokens] = t.attention_mask()
             # Padding rows attend to themselves only, so no softmax row is empty (NaN); nothing attends to them.
-            dense[b, 0, pad[t.n_tokens:], pad[t.n_tokens:]] = True
-        mask = TreePlan([[] for _ in picked], lengths, position_ids, dense)
+            dense[b, 0, pad[t.n_tokens:], prefix + pad[t.n_tokens:]] = True
+        mask = TreePlan([[] for _ in picked], lengths, position_ids, dense, prefix_len=prefix)
     return MicroBatch(input_ids, position_ids, mask, torch.cat(pred_index), torch.cat(target_ids), n_tokens)
 
 
@@ -318,8 +327,13 @@ class PackedPolicy(torch.nn.Module):
         self.lm = lm
         self.head_chunk = head_chunk  # scored tokens per LM-head chunk (lm_head.py); <= 0: all at once
 
+    @property
+    def backbone(self) -> torch.nn.Module:
+        """The decoder body the micro-batches go through (a step's shared prefix too: prefix.py)."""
+        return self.lm.base_model
+
     def forward(self, mb: MicroBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = backbone_forward(self.lm.base_model, mb)  # [B, L, H]
+        hidden = backbone_forward(self.backbone, mb)  # [B, L, H]
         h = hidden.reshape(-1, hidden.shape[-1])[mb.pred_index]  # [T, H]
         # [T] logprobs and entropies, the [chunk, V] logits of one chunk alive at a time
         return chunked_logprobs(lambda x: head_logits(self.lm, x), h, mb.target_ids, self.head_chunk, with_entropy)

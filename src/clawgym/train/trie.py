@@ -32,6 +32,7 @@ class _Trie:
         self.index: dict[tuple[int, int], int] = {}
         self.token: list[int] = []
         self.parent: list[int] = []
+        self.depth: list[int] = []  # position id (depth on the root path): a tree continuing a shared prefix starts past it
 
     def new_tokens(self, tree: PackedTree) -> int:
         """How many tokens inserting `tree` would add (the trie is left as it is)."""
@@ -47,7 +48,7 @@ class _Trie:
 
     def insert(self, tree: PackedTree) -> torch.Tensor:
         """Add a tree; [N] long: the trie token of each of its positions."""
-        ids, prev = tree.input_ids.tolist(), tree.prev_pos.tolist()
+        ids, prev, depth = tree.input_ids.tolist(), tree.prev_pos.tolist(), tree.position_ids.tolist()
         at = [0] * len(ids)
         for p in range(len(ids)):
             key = (at[prev[p]] if prev[p] >= 0 else -1, ids[p])
@@ -56,12 +57,15 @@ class _Trie:
                 j = self.index[key] = len(self.token)
                 self.token.append(ids[p])
                 self.parent.append(key[0])
+                self.depth.append(depth[p])
             at[p] = j
         return torch.tensor(at, dtype=torch.long)
 
 
 def merge_trees(trees: Sequence[PackedTree]) -> PackedTree:
     """One packed trie holding every tree; its labels are the trees' labels in order."""
+    if len({t.prefix for t in trees}) > 1:
+        raise ValueError("cannot merge trees that continue different shared prefixes")
     trie = _Trie()
     maps = [trie.insert(t) for t in trees]
     n = len(trie.token)
@@ -83,7 +87,7 @@ def merge_trees(trees: Sequence[PackedTree]) -> PackedTree:
             new_pos[j] = len(ids)
             ids.append(trie.token[j])
             prev.append(new_pos[p] if p >= 0 else -1)
-            pos.append(pos[new_pos[p]] + 1 if p >= 0 else 0)
+            pos.append(trie.depth[j])
             node_of.append(idx)
             if len(kids[j]) != 1:
                 break
@@ -110,6 +114,7 @@ def merge_trees(trees: Sequence[PackedTree]) -> PackedTree:
         leaf_ends=leaf_ends,
         path_tokens=sum(t.path_tokens for t in trees),
         is_chain=sum(1 for p in node_parent if p < 0) == 1 and len(leaf_ends) == 1,
+        prefix=trees[0].prefix,
     )
 
 

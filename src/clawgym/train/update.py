@@ -135,11 +135,12 @@ def _token_terms(cfg: TrainConfig, logp, logp_old, logp_rollout, adv, logp_ref, 
 
 def _policy_pass(models: Models, batch: Batch, scores: Scores, advantages: list[torch.Tensor], micro: RankMicroBatches,
                  plan: RankPlan, token_weights: dict[int, torch.Tensor], cfg: TrainConfig) -> _Sums:
-    """Forward and backward over this rank's micro-batches; the gradients accumulate in the policy."""
+    """Forward and backward over this rank's micro-batches; the gradients accumulate in the policy (a shared
+    prefix's too: `micro.steps` forwards it before the first step and back-propagates it after the last)."""
     sums = _Sums()
     accelerator = micro.accelerator
-    for step in micro.steps(plan):
-        sums.tokens_forwarded += 0 if step.padding else step.batch.n_tokens
+    for step in micro.steps(plan, models.policy):
+        sums.tokens_forwarded += 0 if step.padding else step.forwarded
         w = micro.token_weights(token_weights, step)
         logp_old, logp_rollout = micro.gather(scores.logp_old, step), micro.gather(batch.logp_rollout, step)
         adv = micro.gather(advantages, step)
@@ -187,7 +188,7 @@ def value_update(models: Models, batch: Batch, micro: RankMicroBatches, plan: Ra
     """One value-model optimizer step on this rank's micro-batches `plan`: masked ½(V − R)² under `token_weights`,
     summed over ranks."""
     total, accelerator = 0.0, micro.accelerator
-    for step in micro.steps(plan):
+    for step in micro.steps(plan, models.value):
         with accelerator.autocast():
             v = models.value(step.batch)
         loss = (micro.token_weights(token_weights, step) * L.value_loss(v, micro.gather(batch.returns, step))).sum()
