@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from clawgym.errors import UserError
+
 from clawgym.train.attention_flex import FlexTree, flex_attend
 
 
@@ -86,7 +88,8 @@ class PrefixKV:
 def _layer(module) -> int:
     i = getattr(module, "layer_idx", None)
     if i is None:
-        raise ValueError(f"{type(module).__name__} has no layer_idx: a shared prefix cannot be matched to its layer")
+        raise UserError(f"{type(module).__name__} has no layer_idx, so a prompt shared across micro-batches cannot be "
+                        f"matched to its layers: train with --no-share-prefixes")
     return int(i)
 
 
