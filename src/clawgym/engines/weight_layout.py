@@ -4,9 +4,10 @@ A decode step multiplies one row per sequence by every weight matrix: a matrix-v
 by how fast the weights stream from memory. `nn.Linear` keeps its weight as [out, in] rows, so
 y = W x is a dot product per output. For a matrix with more outputs than inputs (the MLP's gate and
 up projections, the LM head), the same product over the weight stored the other way round, [in, out]
-rows, is a sum of scaled rows, which MKL's fp32 kernel ran 1.6-1.8x faster at one row on the x86-64
-machine we measured; at 4-8 rows (a GRPO group decoding side by side) it ran about 10% slower, and
-for square or narrow matrices it gained nothing. So the engine keeps the checkpoint's layout unless
+rows, is a sum of scaled rows, which MKL's fp32 kernel ran faster at one row on the x86-64 machine
+we measured, and slower at 4-8 rows (a GRPO group decoding side by side); for square or narrow
+matrices it gained nothing (docs/results.md, `python3 bench/decode_speed.py --model
+smollm2-135m-instruct`). So the engine keeps the checkpoint's layout unless
 `weight_layout=decode` is asked for (a server that mostly decodes one request at a time).
 `python3 bench/decode_speed.py` runs the engine both ways and prints each weight shape's one-row
 rate in both layouts, so the trade can be checked on another machine.
