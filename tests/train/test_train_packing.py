@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from clawgym.artifacts import TreeNode
 from clawgym.errors import UserError
-from clawgym.train.packing import PackedPolicy, collate, pack_tree, plan_microbatches, root_paths
+from clawgym.train.packing import PackedPolicy, PackedTree, collate, pack_tree, plan_microbatches, root_paths
 
 VOCAB = 512
 
@@ -36,6 +37,22 @@ def random_tree(rng: random.Random, n_nodes: int, rollout_id: str = "r0", *, max
             drop_reason="dead_leaf" if dropped and role == "main" else ("" if role == "main" else role),
         ))
     return nodes
+
+
+def harness_step(seed: int, tasks: int = 2, k: int = 3, system: int = 100, task: int = 12, *,
+                 only_trainable: bool = True) -> list[PackedTree]:
+    """N tasks × K rollouts, packed: one system prompt for all, one task prompt per task, then each rollout's random tree."""
+    rng = random.Random(seed)
+    sys_toks = [rng.randrange(VOCAB) for _ in range(system)]
+    out = []
+    for t in range(tasks):
+        prompt = sys_toks + [rng.randrange(VOCAB) for _ in range(task)]
+        for r in range(k):
+            nodes = random_tree(rng, rng.randint(2, 6), f"t{t}r{r}", p_model=0.6)
+            root = nodes[0]
+            nodes = [replace(root, token_ids=prompt + root.token_ids)] + [replace(n, depth=n.depth + len(prompt)) for n in nodes[1:]]
+            out.append(pack_tree(nodes, only_trainable=only_trainable))
+    return out
 
 
 @pytest.fixture(scope="module")

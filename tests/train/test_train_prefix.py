@@ -15,7 +15,7 @@ from clawgym.train.distributed import Dist, padded_plan, shard
 from clawgym.train.microbatches import RankMicroBatches
 from clawgym.train.packing import PackedPolicy, collate, pack_tree
 from test_train_archs import make_config, make_lm
-from test_train_packing import VOCAB, random_tree
+from test_train_packing import VOCAB, harness_step, random_tree
 
 
 class CPU:
@@ -35,20 +35,6 @@ class CPU:
     def no_sync(self, model):
         return contextlib.nullcontext()
 
-
-def harness_step(seed: int, tasks: int = 2, k: int = 3, system: int = 100, task: int = 12):
-    """N tasks × K rollouts (training trees): one system prompt, one task prompt per task, then random turns."""
-    rng = random.Random(seed)
-    sys_toks = [rng.randrange(VOCAB) for _ in range(system)]
-    out = []
-    for t in range(tasks):
-        prompt = sys_toks + [rng.randrange(VOCAB) for _ in range(task)]
-        for r in range(k):
-            nodes = random_tree(rng, rng.randint(2, 6), f"t{t}r{r}", p_model=0.6)
-            root = nodes[0]
-            nodes = [replace(root, token_ids=prompt + root.token_ids)] + [replace(n, depth=n.depth + len(prompt)) for n in nodes[1:]]
-            out.append(pack_tree(nodes))
-    return out
 
 
 def micro_batches(trees, budget: int, attention: str = "segments", world: int = 1, step_prefix: bool = True):

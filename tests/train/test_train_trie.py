@@ -11,7 +11,7 @@ import torch
 from clawgym.train.packing import PackedPolicy, collate, pack_tree
 from clawgym.train.trie import merge_trees, microbatches, plan_tries
 from test_train_loop import step  # noqa: F401 - a fixture used below
-from test_train_packing import VOCAB, lm, random_tree  # noqa: F401 - `lm` is a fixture used below
+from test_train_packing import VOCAB, harness_step, lm, random_tree  # noqa: F401 - `lm` is a fixture used below
 
 
 def group(seed: int, rollouts: int = 4, prefix: int = 30):
@@ -100,26 +100,12 @@ def test_training_with_group_tries_equals_training_without(step, tiny_model, tmp
     assert fwd[True] < fwd[False]  # the shared prompt was forwarded once
 
 
-def _harness_step(seed: int, tasks: int = 2, k: int = 3, system: int = 40, task: int = 12):
-    """N tasks × K rollouts: one system prompt for all, one task prompt per task, then each rollout's own tree."""
-    rng = random.Random(seed)
-    sys_toks = [rng.randrange(VOCAB) for _ in range(system)]
-    out = []
-    for t in range(tasks):
-        prompt = sys_toks + [rng.randrange(VOCAB) for _ in range(task)]
-        for r in range(k):
-            nodes = random_tree(rng, rng.randint(2, 6), f"t{t}r{r}", p_model=0.6)
-            root = nodes[0]
-            nodes = [replace(root, token_ids=prompt + root.token_ids)] + [replace(n, depth=n.depth + len(prompt)) for n in nodes[1:]]
-            out.append(pack_tree(nodes, only_trainable=False))
-    return out
-
 
 @pytest.mark.parametrize("seed", range(2))
 def test_a_step_over_several_micro_batches_scores_and_accumulates_as_per_rollout(lm, seed):  # noqa: F811
     """The trainer's micro-batches of a whole step (a shared system prompt, tries split by the budget):
     every rollout's logprobs and the gradient summed over the micro-batches equal per-rollout trees."""
-    trees = _harness_step(seed)
+    trees = harness_step(seed, system=40, only_trainable=False)
     unique = merge_trees(trees).n_tokens
     budget = max(t.n_tokens for t in trees) + 10  # tries of one or two rollouts: the step needs several
     policy = PackedPolicy(lm, head_chunk=5)  # chunked head, as trained
