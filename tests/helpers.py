@@ -86,3 +86,15 @@ def has_marker(pid: str, sandbox_id: str) -> bool:
         return sandbox_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
+
+
+def skip_unless_installed(*names: str) -> None:
+    """Skip the calling test, with the harness's own reason (e.g. the npm package it needs), when a harness
+    binary is not installed; `scripts/install.sh dev` installs them, so on such a machine nothing skips."""
+    import pytest
+
+    from clawgym.rollout.harnesses import HARNESSES
+
+    for name in names:
+        if (why := HARNESSES[name]().missing()) is not None:
+            pytest.skip(why)

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.rollout.harnesses import HARNESSES
 from clawgym.tasks.families import make_tasks
+from helpers import skip_unless_installed
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness, pytest.mark.heavy]
 
@@ -93,8 +93,7 @@ def prefix_exact(calls: list[A.CallRecord]) -> int:
 
 @pytest.mark.timeout(3000)
 def test_one_grpo_step_through_claude_code_on_smollm2(smollm2_model: Path, tmp_path: Path) -> None:
-    if (why := HARNESSES["claude-code"]().missing()) is not None:
-        pytest.skip(why)
+    skip_unless_installed("claude-code")
     make_tasks("lookup", tmp_path / "train", n=3, seed=0, split="train")
     make_tasks("lookup", tmp_path / "heldout", n=1, seed=0, split="heldout")
     (tmp_path / "r.toml").write_text(RECIPE.format(model=smollm2_model))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.rollout.harnesses import HARNESSES
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
+from helpers import skip_unless_installed
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_NAMES = ["claude-code", "codex"]
@@ -38,11 +38,6 @@ OWN_ACCOUNT = {"claude-code": "Prompt is too long", "codex": "ran out of room in
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
 
-def installed(names: list[str]) -> None:
-    for name in names:
-        if (why := HARNESSES[name]().missing()) is not None:
-            pytest.skip(why)
-
 
 def toy_tasks(root: Path) -> Path:
     shutil.copytree(ROOT / "recipes" / "tasks" / "toy" / "numbers-0", root / "numbers-0")
@@ -61,7 +56,7 @@ def rollouts(tmp_path: Path, model: Path, timeout: float, **engine_options) -> t
 @pytest.mark.heavy
 @pytest.mark.timeout(2400)
 def test_claude_code_and_codex_run_on_smollm2(smollm2_model: Path, tmp_path: Path) -> None:
-    installed(HARNESS_NAMES)
+    skip_unless_installed(*HARNESS_NAMES)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_model)
@@ -93,7 +88,7 @@ def test_a_prompt_beyond_the_window_is_a_scored_harness_error(smollm2_model: Pat
     # The window set below the harnesses' first prompts (~3k and ~5.8k SmolLM2 tokens): the first
     # request gets the protocol's "prompt too long" 400, each harness gives up on it, and the runner
     # records why. Nothing is generated, so this is quick even on the real model.
-    installed(HARNESS_NAMES)
+    skip_unless_installed(*HARNESS_NAMES)
     recs, calls = rollouts(tmp_path, smollm2_model, timeout=600, max_context=2048)
     for harness in HARNESS_NAMES:
         r = recs[f"numbers-0.{harness}.0"]
