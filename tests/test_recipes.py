@@ -119,7 +119,7 @@ def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) 
     assert (r.run.steps, r.eval.every, r.eval.n, r.train["lr"], r.sft.lr) == (3, 3, 1, 2e-5, 1e-4)
     options = r.rollout.harness_options
     assert set(options) == set(harnesses) and all(o["max_tokens"] == 48 for o in options.values())
-    if "claude-code" in harnesses:  # the one-line system prompt (bare, its default) and four tools: about 2k tokens
+    if "claude-code" in harnesses:  # the one-line system prompt (bare, its default) and four tools
         assert options["claude-code"]["bare"] is True and options["claude-code"]["tools"] == "Bash,Read,Write,Edit"
     if "codex" in harnesses:
         assert options["codex"]["context_window"] == 8192
