@@ -3,12 +3,15 @@
     python3 bench/decode_speed.py --model smollm2-135m-instruct      # SmolLM2-135M (converted once, cached)
     python3 bench/decode_speed.py --small                            # tiny model, < 30 s
 
-A decode step reads every weight once (tied embeddings once), so at small batch sizes a step cannot
-take less than weight bytes / memory bandwidth; at large ones it cannot take less than
+A decode step reads every weight once (tied embeddings once) and every row's cached keys and values,
+so at small batch sizes a step cannot take less than (weight bytes + rows x context x key/value bytes
+a token) / memory bandwidth; at large ones it cannot take less than
 2 x parameters x rows / peak FLOP/s. The bench measures both rates here (the best of a few
 single-pass reads of a 512 MB fp32 tensor, and of 2048^2 fp32 matmuls, each with 1 and with all
-threads), so the limit is this machine's at this moment, then runs the hf engine at each --batch:
-that many requests with short prompts decoding --tokens tokens each at temperature 1. It prints
+threads), so the limit is this machine's at this moment, then runs the hf engine at each --batch and
+--context: that many requests with prompts of that length decoding --tokens tokens each at
+temperature 1. At harness lengths (`--context 3500`, Claude Code's slim first prompt under SmolLM2)
+the keys and values outweigh the weights from a few rows on. It prints
 the engine's decode tokens/s (forward time only, from the engine's stats; and wall time,
 sampling and Python included) and the ratio limit / measured, beside the same engine with the opt-in
 `weight_layout=decode` (src/clawgym/engines/weight_layout.py), the two run in turn at each batch
@@ -58,14 +61,21 @@ def machine(mb: int, n: int, small: bool = False) -> tuple[float, float]:
     return bw, flops
 
 
-async def decode(engine, batch: int, tokens: int, vocab: int) -> tuple[float, float, int]:
-    """(forward-only tokens/s, wall tokens/s, tokens) for `batch` requests decoding `tokens` each."""
+async def decode(engine, batch: int, tokens: int, vocab: int, context: int = 32) -> tuple[float, float, int]:
+    """(forward-only tokens/s, wall tokens/s, tokens) for `batch` requests decoding `tokens` each after a
+    `context`-token prompt. Past 32 tokens every row has the same prompt (its own seed), so the prefix
+    cache computes it once and each row decodes over its own copy of its keys and values."""
     from clawgym.engines import Sampling
 
+    def prompt(i: int) -> list[int]:
+        return [(7 * (0 if context > 32 else i) + j) % (vocab - 10) + 5 for j in range(context)]
+
+    if context > 32:  # the prompt's blocks into the cache first, so the timed run below decodes, not prefills
+        await engine.generate(prompt(0), Sampling(max_tokens=1, temperature=1.0, seed=0))
     before = engine.stats()
     t = time.perf_counter()
-    gens = await asyncio.gather(*[engine.generate([(7 * i + j) % (vocab - 10) + 5 for j in range(32)],
-                                                  Sampling(max_tokens=tokens, temperature=1.0, seed=i)) for i in range(batch)])
+    gens = await asyncio.gather(*[engine.generate(prompt(i), Sampling(max_tokens=tokens, temperature=1.0, seed=i))
+                                  for i in range(batch)])
     wall = time.perf_counter() - t
     after = engine.stats()
     n = sum(len(g.output_ids) for g in gens)
@@ -108,6 +118,8 @@ def main() -> int:
     ap.add_argument("--model", help="model directory or a `clawgym init-model --from` name (default: the tiny model)")
     ap.add_argument("--batch", default="1,4,8", help="comma-separated batch sizes")
     ap.add_argument("--tokens", type=int, default=32, help="tokens decoded per request")
+    ap.add_argument("--context", default="32", help="comma-separated prompt lengths each batch decodes after "
+                    "(3500: Claude Code's slim first prompt under SmolLM2)")
     ap.add_argument("--threads", type=int, help="the most torch threads (default: torch's)")
     ap.add_argument("--fixed-threads", action="store_true",
                     help="always the most threads (adaptive_threads=false): the baseline of the engine's thread choice")
@@ -121,29 +133,38 @@ def main() -> int:
     bw, flops = machine(32, 512, small=True) if a.small else machine(512, 2048)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = model_by_name(a.model, Path(tmp))
-        engine, transposed = (HFEngine(model_dir, max_batch=64, threads=a.threads, prefix_cache=False,
+        contexts = [int(x) for x in a.context.split(",")]
+        engine, transposed = (HFEngine(model_dir, max_batch=64, threads=a.threads, prefix_cache=max(contexts) > 32,
                                  adaptive_threads=not a.fixed_threads, weight_layout=layout) for layout in ("rows", "decode"))
         engine.eos_ids = transposed.eos_ids = ()  # decode the full budget: the model's end-of-turn would cut rows short
         params = {id(p): p for p in engine.model.parameters()}.values()  # tied weights once
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
         n_params = sum(p.numel() for p in params)
-        vocab = engine.model.config.vocab_size
+        cfg = engine.model.config
+        vocab = cfg.vocab_size
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_bytes = cfg.num_hidden_layers * 2 * getattr(cfg, "num_key_value_heads", cfg.num_attention_heads) * head_dim * 4
         asyncio.run(decode(engine, 1, 4, vocab))  # warm-up
         asyncio.run(decode(transposed, 1, 4, vocab))
         print(f"weights {weight_bytes / 2**20:.0f} MiB ({n_params:,} parameters); read bandwidth {bw / 1e9:.1f} GB/s, "
               f"fp32 matmul {flops / 1e9:.1f} GFLOP/s; load average {load0:.1f} on {os.cpu_count()} CPUs")
-        print("| batch | limit tok/s | decode tok/s (forward) | decode tok/s (wall) | limit / forward | bound by "
+        print(f"keys and values: {kv_bytes / 2**10:.0f} KiB a token of context (fp32), read by every decode step of its row")
+        print("| batch | context | limit tok/s | decode tok/s (forward) | decode tok/s (wall) | limit / forward | bound by "
               "| weight_layout=decode: tok/s (forward) | decode / default |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         ok = True
-        for b in [int(x) for x in a.batch.split(",")]:
-            step = max(weight_bytes / bw, 2 * n_params * b / flops)
-            limit = b / step
-            fwd, wall, n = asyncio.run(decode(engine, b, a.tokens, vocab))
-            alt, _, m = asyncio.run(decode(transposed, b, a.tokens, vocab))
-            ok &= n == m == b * a.tokens
-            bound = "bandwidth" if weight_bytes / bw >= 2 * n_params * b / flops else "FLOPs"
-            print(f"| {b} | {limit:.1f} | {fwd:.1f} | {wall:.1f} | {limit / fwd:.2f} | {bound} | {alt:.1f} | {alt / fwd:.2f}x |")
+        for ctx in contexts:
+            for b in [int(x) for x in a.batch.split(",")]:
+                # a step reads every weight and each row's keys and values once, and multiplies every weight per row
+                read = weight_bytes + b * (ctx + a.tokens // 2) * kv_bytes
+                step = max(read / bw, 2 * n_params * b / flops)
+                limit = b / step
+                fwd, wall, n = asyncio.run(decode(engine, b, a.tokens, vocab, ctx))
+                alt, _, m = asyncio.run(decode(transposed, b, a.tokens, vocab, ctx))
+                ok &= n == m == b * a.tokens
+                bound = "bandwidth" if read / bw >= 2 * n_params * b / flops else "FLOPs"
+                print(f"| {b} | {ctx} | {limit:.1f} | {fwd:.1f} | {wall:.1f} | {limit / fwd:.2f} | {bound} | {alt:.1f} "
+                      f"| {alt / fwd:.2f}x |", flush=True)
         ema = engine.tuner.ema
         kinds = sorted({k for k, _ in ema})
         print("the engine's own timing of each kind of forward (moving average, the counts interleaved in this run):")
