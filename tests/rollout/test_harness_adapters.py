@@ -96,6 +96,32 @@ def test_claude_code_and_codex_limits_for_a_slow_engine(tmp_path: Path) -> None:
             HARNESSES[name](**bad)
 
 
+def test_openclaw_slim_config(tmp_path: Path) -> None:
+    from clawgym.errors import UserError
+
+    def config(**options) -> dict:
+        return json.loads(HARNESSES["openclaw"](**options).launch("x", tmp_path, tmp_path / "home", EP).files["openclaw.json5"])
+
+    plain = config()  # OpenClaw's own tools, skills, workspace files and memory
+    assert set(plain) == {"agents", "models"} and set(plain["agents"]["defaults"]) == {"model"}
+    slim = config(slim=True)
+    # a shell and the file tools, each with its schema (no deferred catalog), apply_patch not added by `write`
+    assert slim["tools"] == {"allow": ["exec", "read", "write", "edit"], "toolSearch": False, "deny": ["apply_patch"]}
+    assert slim["agents"]["defaults"] == {"model": plain["agents"]["defaults"]["model"], "skills": [], "contextInjection": "never"}
+    assert slim["plugins"] == {"slots": {"memory": "none"}} and slim["models"] == plain["models"]
+    assert config(slim=True, tools="exec, write")["tools"]["allow"] == ["exec", "write"]
+    # `tools` alone narrows the tools and leaves the rest as OpenClaw has it; naming apply_patch keeps it
+    only = config(tools="exec,write,apply_patch")
+    assert only["tools"] == {"allow": ["exec", "write", "apply_patch"], "toolSearch": False} and "plugins" not in only
+    for bad, message in (({"tools": ""}, "openclaw option 'tools' must be comma-separated tool names"),
+                         ({"tools": "exec;rm -rf"}, "openclaw option 'tools' must be comma-separated tool names"),
+                         ({"tools": ["exec"]}, "openclaw option 'tools' must be comma-separated tool names"),
+                         ({"slim": "yes"}, "openclaw option 'slim' must be true or false"),
+                         ({"context_window": 0}, "openclaw option 'context_window' must be an integer >= 1")):
+        with pytest.raises(UserError, match=message):
+            HARNESSES["openclaw"](**bad)
+
+
 def test_outcomes_are_read_from_exit_code_and_output() -> None:
     al = HARNESSES["agentloop"]()
     assert al.outcome(0, "", "").status == "ok"

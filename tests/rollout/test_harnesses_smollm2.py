@@ -1,6 +1,8 @@
 """The real harnesses with the real model: Claude Code and Codex run a toy task against the hf engine
 serving SmolLM2-135M-Instruct (its own template, the json-list tool parser), and a prompt longer
-than the model's window ends each of them as a scored harness_error naming the overflow.
+than the model's window ends each of them as a scored harness_error naming the overflow. OpenClaw
+with its `slim` option sends a first prompt that fits SmolLM2's window, with scripted answers
+written in SmolLM2's tool-call form (the scripted engine, SmolLM2's tokenizer and template).
 
 The answers may be poor; what must hold is the plumbing. Each rollout ends without `infra_error`,
 every call the harness made is recorded with the engine's own ids and logprobs, and a later call
@@ -11,6 +13,7 @@ adapters' `max_tokens` option (docs/harnesses.md, "Real models on a CPU").
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import pytest
 
 from clawgym import artifacts as A
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
-from helpers import skip_unless_installed
+from helpers import make_task, skip_unless_installed
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_NAMES = ["claude-code", "codex"]
@@ -96,3 +99,49 @@ def test_a_prompt_beyond_the_window_is_a_scored_harness_error(smollm2_model: Pat
         assert r.error.startswith("context_length_exceeded: "), r.error
         assert OWN_ACCOUNT[harness] in r.error, r.error  # the harness understood the error and said so
     assert calls == []  # a refused request samples nothing, so nothing is recorded
+
+
+# OpenClaw's slim first prompt is about 3k SmolLM2 tokens (docs/harnesses.md, "openclaw"); as installed
+# it is over the 8,192-token window. The bound leaves room for a longer instruction.
+SLIM_BOUND = 5000
+SECRET = "key: marmalade"
+
+
+def smollm2_call(name: str, **args) -> str:
+    """One tool call in SmolLM2's own form (the smollm2-tools template, the json-list parser)."""
+    return f"<tool_call>[{json.dumps({'name': name, 'arguments': args})}]</tool_call>"
+
+
+def test_openclaw_slim_fits_smollm2_and_keeps_its_shell_and_write_tools(smollm2_model: Path, tmp_path: Path) -> None:
+    skip_unless_installed("openclaw")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_model)
+    check = ("import json, sys, pathlib\nf = pathlib.Path(sys.argv[1]) / 'answer.txt'\n"
+             "print(json.dumps({'answer': f.exists() and f.read_text().strip() == 'marmalade'}))\n")
+    task = make_task(tmp_path / "tasks", "grep", "Find the key in data.txt and write it to answer.txt.", 420, check=check)
+    (task / "workspace" / "data.txt").write_text(f"noise\n{SECRET}\nmore noise\n")
+    rid = "grep.openclaw.0"
+    answers = [smollm2_call("exec", command="grep key: data.txt"),
+               smollm2_call("write", path="answer.txt", content="marmalade"), "Done: wrote answer.txt"]
+    script = tmp_path / "script.jsonl"
+    script.write_text("".join(json.dumps({"rollout_id": rid, "text": t}) + "\n" for t in answers))
+    config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["openclaw"], out=tmp_path / "out", model=smollm2_model,
+                           engine="scripted", engine_options={"script": str(script)}, harness_options={"openclaw": {"slim": True}})
+    run_rollouts(config)
+
+    (r,) = A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)
+    assert (r.status, r.reward, r.n_calls) == ("ok", 1.0, 3), r  # grep ran, its answer was written
+    calls = sorted(A.materialize_prompts(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord)), key=lambda c: c.seq)
+    assert all((c.status, c.role) == ("ok", "main") for c in calls), [(c.status, c.role, c.error) for c in calls]
+    first = calls[0]
+    assert len(first.prompt_ids) < SLIM_BOUND, len(first.prompt_ids)
+    assert {"exec", "write"} <= set(first.tool_names) and "tool_search" not in first.tool_names, first.tool_names
+    text = tok.decode(first.prompt_ids)
+    assert "<available_skills>" not in text and "Find the key in data.txt" in text
+    assert SECRET in tok.decode(calls[1].prompt_ids)  # the grep's output came back as the tool result
+    # without the process and subagent tools OpenClaw appends no per-turn internal-context message, so
+    # each prompt is the last one plus its sampled tokens and the tool result: a chain, not a tree
+    for prev, cur in zip(calls, calls[1:]):
+        seq = prev.prompt_ids + prev.output_ids
+        assert cur.prompt_ids[: len(seq)] == seq and cur.render_mode == "incremental", cur.seq

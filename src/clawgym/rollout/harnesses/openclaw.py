@@ -5,21 +5,33 @@ Node 20 npm silently installs an empty 0.0.1 placeholder), so we install Node 24
 it. `agent exec` is its headless entry point; a per-run JSON5 config points a custom provider at
 the proxy. It rewrites tool-call ids (drops `_`), which the proxy's matching tolerates. Start-up is
 slow (tens of seconds and over a gigabyte of RSS on a small machine): give it a generous timeout.
+
+As installed, its first prompt does not fit a small model's 8k window. `slim` turns off, through
+documented config keys, what a rollout does not use: the skills list, workspace bootstrap files,
+the memory plugin, and every tool but a short allowlist (`tools`), which also drops the
+deferred-tool catalog and its search tools. The sections OpenClaw always writes stay
+(docs/harnesses.md, "openclaw").
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from clawgym.artifacts import Transcript
+from clawgym.errors import UserError
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, classify_by_tools, exit_text
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_option, classify_by_tools, exit_text
 from clawgym.rollout.transcript import from_proxy
 
 VERSION = "2026.9.6"
 PACKAGE = f"openclaw@{VERSION}"
 _COMPACTION_MARKERS = ("summarize the conversation", "compaction summary", "<summary>")
+# the tools `slim` keeps unless `tools` names others: a shell, and files read, written and edited
+SLIM_TOOLS = "exec,read,write,edit"
+# OpenClaw's tool names and groups (`group:fs`), and `*` globs
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_*:-]+")
 
 
 class OpenClaw(npm.NpmHarness):
@@ -29,8 +41,15 @@ class OpenClaw(npm.NpmHarness):
     protocol = "openai-chat"
     package, bin_name, title = PACKAGE, "openclaw", f"OpenClaw {VERSION} (with Node 24)"
 
-    def __init__(self, context_window: int = 32768, max_tokens: int = 4096, timeout_s: int = 600):
-        self.context_window, self.max_tokens, self.timeout_s = context_window, max_tokens, timeout_s
+    def __init__(self, context_window: int = 32768, max_tokens: int = 4096, timeout_s: int = 600, slim: bool = False,
+                 tools: str | None = None):
+        for key, value in (("context_window", context_window), ("max_tokens", max_tokens), ("timeout_s", timeout_s)):
+            check_option(self.name, key, value, int, 1)
+        if not isinstance(slim, bool):
+            raise UserError(f"{self.name} option 'slim' must be true or false, got {slim!r}")
+        self.context_window, self.max_tokens, self.timeout_s, self.slim = context_window, max_tokens, timeout_s, slim
+        self.tools = _tool_list(tools if tools is not None else SLIM_TOOLS if slim else None)
+        """the tools OpenClaw may offer, or None for its own set"""
 
     def entry(self) -> Path:
         return self.folder / "node_modules" / "openclaw" / "openclaw.mjs"
@@ -56,6 +75,17 @@ class OpenClaw(npm.NpmHarness):
                             "contextWindow": self.context_window, "maxTokens": self.max_tokens}],
             }}},
         }
+        if self.tools is not None:
+            # exactly these tools, each with its schema in the request: no deferred-tool catalog behind
+            # tool_search (`toolSearch`), and no apply_patch, which allowing `write` adds on its own
+            config["tools"] = {"allow": self.tools, "toolSearch": False}
+            if "apply_patch" not in self.tools:
+                config["tools"]["deny"] = ["apply_patch"]
+        if self.slim:
+            # no skills list; no AGENTS.md/SOUL.md/... injected from the workspace (not even their
+            # "[MISSING]" markers); no memory plugin (its recall section and tools)
+            config["agents"]["defaults"] |= {"skills": [], "contextInjection": "never"}
+            config["plugins"] = {"slots": {"memory": "none"}}
         node_bin = npm.node24_dir()
         argv = [str(node_bin / "node"), str(self.entry()), "agent", "exec", instruction, "--config",
                 str(home / "openclaw.json5"), "--cwd", str(workspace), "--model", f"clawgym/{endpoint.model}", "--json",
@@ -83,6 +113,16 @@ class OpenClaw(npm.NpmHarness):
         if any(m in last_user_text.lower() for m in _COMPACTION_MARKERS):
             return "compaction"
         return classify_by_tools(tool_names, main_tool_names)
+
+
+def _tool_list(tools: str | None) -> list[str] | None:
+    """The `tools` option ("exec,read,write") as OpenClaw's `tools.allow` list; None stays None."""
+    if tools is None:
+        return None
+    names = [t.strip() for t in tools.split(",")] if isinstance(tools, str) else []
+    if not names or not all(_TOOL_NAME.fullmatch(t) for t in names):
+        raise UserError(f"openclaw option 'tools' must be comma-separated tool names (e.g. {SLIM_TOOLS}), got {tools!r}")
+    return names
 
 
 def _last_json_object(stdout: str) -> dict | None:
