@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from clawgym import artifacts as A
+from clawgym import console as C
 from clawgym.config import load_recipe
 from clawgym.engines import EngineConfig, EngineError, Sampling, make_engine
 from clawgym.engines.base import Chat, ReadsChat
@@ -294,6 +295,10 @@ n = 1
     assert one["trees/tokens_saved"] == one["trees/call_tokens"] - one["trees/tree_tokens"] >= 0
     # the per-step lines: the cold start's, then step 1's with its held-out Pass@1
     assert "step 0 (SFT cold start)  teacher reward 1.000  sft loss " in r.stderr
+    # the wall time of each cold-start stage, in the metrics and at the end of the step-0 line
+    stages = {k: zero[k] for k in ("time/base_eval_s", "time/teach_s", "time/sft_s", "time/sft_eval_s")}
+    assert all(s > 0 for s in stages.values()), stages
+    assert f"| base eval {C.duration(stages['time/base_eval_s'])}  teacher " in r.stderr
     assert "eval/pass@1" in one and f"step 1/1  reward {one['rollout/reward_mean']:.3f}" in r.stderr
     assert f"pass@1 {one['eval/pass@1']:.3f}" in r.stderr
     if one.get("train/rollouts"):  # a batch of flat groups trains nothing and has no packing to report

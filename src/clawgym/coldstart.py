@@ -17,12 +17,15 @@ as the paper's Table 1: rows base, SFT, SFT+RL; columns the task categories.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 
 import orjson
 from rich.console import Console
 
 from clawgym import artifacts as A
+from clawgym import metrics as M
 from clawgym.config import Recipe
 from clawgym.eval import pass_table
 from clawgym.layout import RunLayout
@@ -44,24 +47,46 @@ def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console) -
     sft = recipe.sft
     sdir = run.sft
     evals = recipe.eval.every > 0
+    base_eval, teach, optimize, sft_eval = M.COLD_START_PHASES
     if evals:
-        _eval(recipe, run, "base", policy, console)
+        with _timed(run, base_eval.key, not run.eval("base").eval_json.exists()):
+            _eval(recipe, run, "base", policy, console)
     if not sdir.rollouts.exists():
         from clawgym.rollout.runner import run_rollouts
 
         console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
-        run_rollouts(recipe.sft_rollout_config(policy), console)
-    if not sdir.trees.exists():
-        from clawgym.trees import resolve_config, run_build_trees
-
-        run_build_trees(resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, 0), console)
+        with _timed(run, teach.key):
+            run_rollouts(recipe.sft_rollout_config(policy), console)
+    from clawgym.train.checkpoint import load_state
     from clawgym.train.loop import train
 
     cfg = recipe.sft_train_config(policy)
-    train(cfg, console)  # (with resume=True a complete checkpoint is kept as it is)
+    state = load_state(cfg.out) if cfg.out.is_dir() else None
+    with _timed(run, optimize.key, state is None or not state.complete):
+        if not sdir.trees.exists():
+            from clawgym.trees import resolve_config, run_build_trees
+
+            run_build_trees(resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, 0), console)
+        train(cfg, console)  # (with resume=True a complete checkpoint is kept as it is)
     if evals:
-        _eval(recipe, run, "sft", cfg.out, console)
+        with _timed(run, sft_eval.key, not run.eval("sft").eval_json.exists()):
+            _eval(recipe, run, "sft", cfg.out, console)
     return cfg.out
+
+
+@contextlib.contextmanager
+def _timed(run: RunLayout, key: str, works: bool = True):
+    """Adds the block's wall seconds under `key` to RUN/sft/seconds.json if it `works` (a stage that
+    a resume skips keeps the time of the run that did it)."""
+    t0 = time.perf_counter()
+    yield
+    if not works:
+        return
+    path = run.cold_start_seconds
+    seconds = orjson.loads(path.read_bytes()) if path.exists() else {}
+    seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - t0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    A.atomic_write_bytes(path, orjson.dumps(seconds))
 
 
 def write_table(run: RunLayout, console: Console) -> Path | None:

@@ -149,7 +149,9 @@ def cold_start_line(values: dict[str, float]) -> str:
     base = f"{M.EVAL_BASE}pass@1"
     if base in v and M.PASS_AT_1 in v:
         parts.append(f"pass@1 {v[base]:.3f} → {v[M.PASS_AT_1]:.3f}")
-    return "  ".join(parts)
+    line = "  ".join(parts)
+    phases = [f"{p.label} {duration(v[p.key])}" for p in M.COLD_START_PHASES if p.key in v]
+    return line + (" | " + "  ".join(phases) if phases else "")
 
 
 class StepProgress:

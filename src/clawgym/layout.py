@@ -178,6 +178,12 @@ class RunLayout:
         """The [sft] cold start: the teacher's rollouts and trees, trained into RUN/checkpoints/sft."""
         return StepLayout(self.root / "sft", 0, self.checkpoints / "sft")
 
+    @property
+    def cold_start_seconds(self) -> Path:
+        """RUN/sft/seconds.json: the wall seconds of each cold-start stage that ran (coldstart.py), by
+        its metrics key; a resumed cold start adds the stages it ran to those already there."""
+        return self.root / "sft" / "seconds.json"
+
     def eval(self, label: int | str) -> StepLayout:
         """An evaluation's folder: RUN/eval/step-NNNN after step n, or RUN/eval/base, RUN/eval/sft."""
         return StepLayout(self.root / "eval" / (step_name(label) if isinstance(label, int) else label))

@@ -92,13 +92,17 @@ PHASES = (COLLECT, RECONSTRUCT, OPTIMIZE, SYNC, EVALUATE)
 """a step's phases in pipeline order"""
 STEP_SECONDS = "time/step_s"
 """seconds of the whole step"""
+COLD_START_PHASES = (Phase("time/base_eval_s", "base eval", "base eval"), Phase("time/teach_s", "teacher", "teacher"),
+                     Phase("time/sft_s", "sft", "sft"), Phase("time/sft_eval_s", "sft eval", "sft eval"))
+"""the cold start's stages (coldstart.py) whose seconds the step-0 line reports; tree building is in `sft`"""
 
 FAMILIES = {
     f"{REWARD_MEAN}/": "metrics.rollout_values: the mean reward of one harness (rollout/reward_mean/HARNESS)",
     "trees/": "trees.stats.TreeStats.to_metrics",
     "train/": "train.step_metrics.REDUCTIONS",
     EVAL: "eval.EvalReport.metrics (eval/pass@1, eval/pass@1/CATEGORY, eval/excluded; eval/base/ before an [sft] cold start)",
-    "time/": "metrics.PHASES: seconds per phase (collect, reconstruct, optimize, sync, eval) and per step",
+    "time/": "metrics.PHASES: seconds per phase (collect, reconstruct, optimize, sync, eval) and per step; "
+             "metrics.COLD_START_PHASES: seconds per cold-start stage (step 0)",
 }
 """key prefixes whose names another module owns, and which"""
 
@@ -219,7 +223,8 @@ def step_values(sdir: StepLayout, *, engine: Mapping[str, float] | None = None, 
 
 def cold_start_values(run: RunLayout) -> dict[str, float]:
     """The step-0 line after an [sft] cold start: teacher trajectories and their reward, the SFT
-    loss of its first and last update, Pass@1 before (`EVAL_BASE`) and after (`EVAL`)."""
+    loss of its first and last update, Pass@1 before (`EVAL_BASE`) and after (`EVAL`), and the
+    seconds of each stage (`COLD_START_PHASES`)."""
     import orjson
 
     from clawgym import artifacts as A
@@ -237,5 +242,7 @@ def cold_start_values(run: RunLayout) -> dict[str, float]:
             doc = orjson.loads(path.read_bytes())
             values.update(eval_values({"pass@1": doc["pass@1"], **{f"pass@1/{c}": v for c, v in doc["per_category"].items()}},
                                       prefix))
+    if run.cold_start_seconds.exists():
+        values.update({k: float(v) for k, v in orjson.loads(run.cold_start_seconds.read_bytes()).items()})
     return values
 
