@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # recipes/harness-table.sh — the harness table: held-out Pass@1 of each trained policy in each
 # harness, rows policies, columns evaluation harnesses (the paper's Table 2 in miniature), from the
-# runs of recipes/{whitebox,claude-code,codex,mix-harness-smollm2}.toml:
+# runs of recipes/{whitebox,claude-code,codex,mix-harness-smollm2}.toml, and of recipes/openclaw.toml
+# with OpenClaw as a column too when RUNS and HARNESSES name it:
 #
 #     clawgym run recipes/whitebox.toml; clawgym run recipes/claude-code.toml; ...   (the runs)
 #     bash recipes/harness-table.sh         # -> recipes/runs/harness-table/table.{md,json,png}
 #     RUNS="whitebox claude-code" N=2 bash recipes/harness-table.sh
+#     RUNS="whitebox claude-code codex openclaw mix-harness-smollm2" \
+#       HARNESSES=agentloop,claude-code,codex,openclaw bash recipes/harness-table.sh
 #
 # Rows: `base` (SmolLM2-135M-Instruct as the runs start it: the first run's RUN/model-init), then
 # for each run `<run>-sft` (its SFT cold start, RUN/checkpoints/sft; SFT=0 leaves these out) and
@@ -37,7 +40,9 @@ OPTIONS=(--engine hf --chat-template smollm2-tools
          --harness-option claude-code.max_tokens=48
          --harness-option claude-code.tools=Bash,Read,Write,Edit
          --harness-option codex.max_tokens=48 --harness-option codex.idle_timeout_s=1800
-         --harness-option codex.context_window=8192)
+         --harness-option codex.context_window=8192
+         --harness-option openclaw.slim=true --harness-option openclaw.max_tokens=48
+         --harness-option openclaw.timeout_s=1800)
 
 policies=()
 for run in $RUNS; do

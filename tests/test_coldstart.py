@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -22,7 +23,7 @@ from clawgym.tasks.generated import Reply, ToolCall
 from clawgym.tasks.teacher import HARNESSES, fit_call, harness_form, offered_tools, read_chat, workdir
 from clawgym.train.loop import TrainConfig, train
 from clawgym.trees import resolve_config, run_build_trees
-from helpers import model_with_template, template_fixture
+from helpers import model_with_template, skip_unless_installed, template_fixture
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:
@@ -110,6 +111,14 @@ def test_the_teacher_fits_its_calls_to_the_tools_the_harness_offers() -> None:
     assert fit(ToolCall("bash", {"command": "ls"}), claude) == ("Bash", {"command": "ls"})
     openclaw = chat(("exec", ["command"]), ("read", ["path"]))
     assert fit(write, openclaw) == ("exec", {"command": printf})
+    # OpenClaw slim's four tools: its own write takes the family's arguments; exec's output arrives bare
+    slim = chat(("exec", ["title", "command", "workdir", "env", "timeoutSeconds", "pty"]), ("read", ["path", "offset", "limit"]),
+                ("write", ["path", "content"]), ("edit", ["path", "edits"]), system="## Workspace\nWorking directory: /workspace\n",
+                results=("data=6",))
+    assert harness_form(offered_tools(slim)) is HARNESSES["openclaw"]
+    assert fit(write, slim) == ("write", dict(write.arguments))
+    assert fit(ToolCall("bash", {"command": "grep -h data= *"}), slim) == ("exec", {"command": "grep -h data= *"})
+    assert read_chat(slim, HARNESSES["openclaw"]) == (["task"], ["data=6"])
     codex = chat(("exec_command", ["cmd", "workdir"]), ("write_stdin", ["chars"]),
                  results=("Chunk ID: 1\nWall time: 0.1 seconds\nProcess exited with code 0\nOriginal token count: 2\nOutput:\nlog=7\n",))
     assert fit(ToolCall("bash", {"command": "cat a.txt"}), codex) == ("exec_command", {"cmd": "cat a.txt"})
@@ -156,18 +165,17 @@ def test_the_teacher_serves_a_llama3_template_through_the_proxy(tiny_model: Path
     assert recorded[0] == '{"name": "bash", "parameters": {"command": "grep -h log= *"}}<|eot_id|>' and recorded[2] == "done<|eot_id|>"
 
 
-def teacher_calls_through(harness: str, model: Path, tmp_path: Path, step: Path) -> list[dict]:
+def teacher_calls_through(harness: str, model: Path, tmp_path: Path, step: Path, **config: Any) -> list[dict]:
     """The teacher solves 3 lookup tasks through the real `harness` binary into `step` (each must score
-    1.0); the tool calls of its transcripts. Skips where the binary is missing (scripts/install.sh dev
-    installs it, so CI runs these)."""
-    from clawgym.rollout.harnesses import HARNESSES
-
-    if (why := HARNESSES[harness]().missing()) is not None:
-        pytest.skip(why)
+    1.0); the tool calls of its transcripts. `config` sets other RolloutConfig fields (a chat template,
+    harness options, engine options in place of a window large enough for any harness's prompt).
+    Skips where the binary is missing (scripts/install.sh dev installs it, so CI runs these)."""
+    skip_unless_installed(harness)
     make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
+    config = {"engine_options": {"family": "lookup", "max_context": 65536}, "timeout_s": 300} | config
     summary = run_rollouts(RolloutConfig(
-        tasks=tmp_path / "tasks", harnesses=[harness], out=step, n=1, concurrency=3, model=model,
-        engine="teacher", engine_options={"family": "lookup", "max_context": 65536}, timeout_s=300), Console(stderr=True))
+        tasks=tmp_path / "tasks", harnesses=[harness], out=step, n=1, concurrency=3, model=model, engine="teacher", **config),
+        Console(stderr=True))
     assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
     return [c for line in (step / "transcripts.jsonl").read_text().splitlines()
             for m in json.loads(line)["messages"] for c in m.get("tool_calls") or []]
@@ -200,6 +208,33 @@ def test_teacher_trajectories_through_codex_use_its_shell_tool(tiny_model: Path,
     called = teacher_calls_through("codex", tiny_model, tmp_path, tmp_path / "sft")
     assert {c["name"] for c in called} == {"exec_command"} and len(called) == 6
     assert sum(c["arguments"]["cmd"].startswith("printf ") for c in called) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_teacher_trajectories_through_openclaw_slim_use_its_exec_and_write_in_smollm2s_call_form(smollm2_model: Path, tmp_path: Path) -> None:
+    """Teacher data collected through the real OpenClaw with `slim`, served with SmolLM2's tokenizer,
+    window (8,192) and template (smollm2-tools): OpenClaw's `exec` (parameter `command`) carries the
+    search, its own `write` (`path` relative to its working directory, `content`) the answer, which is
+    the first line of exec's output as OpenClaw returns it; every call is recorded in SmolLM2's call
+    form and parsed back by the proxy, and every task is solved."""
+    from transformers import AutoTokenizer
+
+    step = tmp_path / "sft"
+    called = teacher_calls_through("openclaw", smollm2_model, tmp_path, step, engine_options={"family": "lookup"},
+                                   chat_template="smollm2-tools", harness_options={"openclaw": {"slim": True, "max_tokens": 48}})
+    assert sorted({(c["name"], tuple(sorted(c["arguments"]))) for c in called}) == [("exec", ("command",)), ("write", ("content", "path"))]
+    assert [c["arguments"]["path"] for c in called if c["name"] == "write"] == ["answer.txt"] * 3
+    tok = AutoTokenizer.from_pretrained(smollm2_model)
+    calls = A.read_table(step / "calls.parquet", A.CallRecord)
+    texts = [tok.decode(c.output_ids) for c in calls]
+    assert len(texts) == 9 and all(c.role == "main" and len(c.prompt_ids) + len(c.output_ids) <= 8192 for c in calls)
+    searches = [t for t in texts if t.startswith('<tool_call>[{"name": "exec", "arguments": {"command": "grep ')]
+    writes = [t for t in texts if t.startswith('<tool_call>[{"name": "write", "arguments": {"path": "answer.txt", ')]
+    assert len(searches) == len(writes) == 3 and all(t.endswith("}}]</tool_call><|im_end|>") for t in searches + writes)
+    assert texts.count("done<|im_end|>") == 3
+    assert sorted(c.finish_reason for c in calls) == ["stop"] * 3 + ["tool_calls"] * 6  # the proxy parsed each call
 
 
 @pytest.mark.slow

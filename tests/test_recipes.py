@@ -96,13 +96,13 @@ def test_ray_section_reaches_the_rollout_config(tmp_path: Path) -> None:
     assert '[ray]\naddress = "local"\nnum_cpus = 0.5' in recipe_to_toml(r)
 
 
-HARNESS_RECIPES = {"claude-code": ["claude-code"], "codex": ["codex"], "whitebox": ["agentloop"],
+HARNESS_RECIPES = {"claude-code": ["claude-code"], "codex": ["codex"], "openclaw": ["openclaw"], "whitebox": ["agentloop"],
                    "mix-harness-smollm2": ["claude-code", "codex", "agentloop"]}
 
 
 @pytest.mark.parametrize("name", sorted(HARNESS_RECIPES))
 def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) -> None:
-    """The four runs of the harness table (recipes/harness-table.sh) differ only in their harnesses:
+    """The runs of the harness table (recipes/harness-table.sh) differ only in their harnesses:
     the same model, family, held-out set, teacher-trajectory count and rollouts per step, and each
     harness slimmed so its prompts fit SmolLM2's 8,192-token window."""
     r = load_recipe(ROOT / "recipes" / f"{name}.toml")
@@ -123,6 +123,8 @@ def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) 
         assert options["claude-code"]["bare"] is True and options["claude-code"]["tools"] == "Bash,Read,Write,Edit"
     if "codex" in harnesses:
         assert options["codex"]["context_window"] == 8192
+    if "openclaw" in harnesses:  # no skills list, workspace files or memory plugin; exec, read, write, edit
+        assert options["openclaw"]["slim"] is True and "tools" not in options["openclaw"]
 
 
 def test_sft_tasks_per_step_draws_the_teacher_tasks_once(tmp_path: Path) -> None:
@@ -159,9 +161,12 @@ def test_the_harness_table_script_evaluates_every_run_with_the_recipes_settings(
     assert flags["--policy"] == [f"base={tmp_path}/whitebox/model-init"] + [
         p for run in runs for p in (f"{run}-sft={tmp_path}/{run}/checkpoints/sft", f"{run}={tmp_path}/{run}/checkpoints/step-0003")]
     assert flags["--harness"] == ["agentloop,claude-code,codex"] and flags["--tasks"] == [str(ROOT / "recipes" / "tasks" / "lookup" / "heldout")]
-    mix = load_recipe(ROOT / "recipes" / "mix-harness-smollm2.toml")  # it names every harness's settings
-    assert harness_options(flags["--harness-option"], "--harness-option") == mix.rollout.harness_options
-    assert (flags["--engine"], flags["--chat-template"]) == ([mix.engine.name], [mix.engine.chat_template])
+    options = harness_options(flags["--harness-option"], "--harness-option")  # each harness as its recipes set it
+    assert set(options) == {h for hs in HARNESS_RECIPES.values() for h in hs}
+    for run in HARNESS_RECIPES:
+        r = load_recipe(ROOT / "recipes" / f"{run}.toml")
+        assert all(options[h] == o for h, o in r.rollout.harness_options.items()), run
+        assert (flags["--engine"], flags["--chat-template"]) == ([r.engine.name], [r.engine.chat_template])
     (tmp_path / "codex" / "checkpoints" / "step-0002").rmdir()
     (tmp_path / "codex" / "checkpoints" / "step-0003").rmdir()
     r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "RUNS_DIR": str(tmp_path)},

@@ -17,7 +17,7 @@ nothing different from a real teacher.
 The instruction is the first user message the family recognises (Codex sends an
 `<environment_context>` user message before the task's). What the teacher must know of each
 harness to answer it is in `HARNESSES` (its shell tool, the system-prompt line naming its working
-directory, the header it puts before a command's output). A conversation in which it finds no
+directory, the header it puts before a command's output): agentloop, Claude Code, Codex and OpenClaw. A conversation in which it finds no
 instruction of its family is an engine error naming the rollout, never a made-up answer.
 """
 
@@ -60,6 +60,10 @@ HARNESSES: dict[str, HarnessForm] = {
     "claude-code": HarnessForm("Bash", "command", workdir=re.compile(r"(?:CWD|Working directory): *(/[^\s<]*)")),
     "codex": HarnessForm("exec_command", "cmd", output_header=re.compile(
         r"\A(?:Chunk ID: .*\n)?Wall time: .*\n(?:Process exited with code .*\n)?(?:Original token count: .*\n)?Output:\n")),
+    # OpenClaw's `exec` puts the command's output in the tool result as is (`(no output)` when empty,
+    # `(Command exited with code N)` after it on failure), and its `write` takes `path` (relative to
+    # its `--cwd`) and `content`, as the family's write does, so that goes out unchanged; without
+    # `write` (its `tools` option), the write goes through `exec`
     "openclaw": HarnessForm("exec", "command"),
 }
 """harness name -> its form; the teacher knows a call's harness by the shell tool it offers (`harness_form`)"""
