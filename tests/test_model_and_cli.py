@@ -244,3 +244,17 @@ def test_inspect_run_directory_prints_the_per_step_table(tmp_path: Path) -> None
     r = clawgym("inspect", str(run))
     assert r.returncode == 0, r.stderr
     assert "agentloop" in r.stdout and "codex" in r.stdout and "0.875" in r.stdout and "0.25" in r.stdout
+
+
+def test_inspect_run_directory_prints_the_cold_start_line_and_the_held_out_table(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "cold"
+    A.append_metrics(run / "metrics.jsonl", A.MetricsLine(0, {"rollout/teacher_n": 6, "rollout/teacher_reward_mean": 1.0,
+                                                             "eval/base/pass@1": 0.0, "eval/pass@1": 0.615,
+                                                             "time/base_eval_s": 362.0, "time/sft_s": 400.0}))
+    A.append_metrics(run / "metrics.jsonl", A.MetricsLine(1, {"rollout/reward_mean": 0.625}))
+    (run / "table.md").write_text("| policy | overall |\n|---|---|\n| SFT | 61.5 |\n")
+    r = clawgym("inspect", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "step 0 (SFT cold start)  teacher reward 1.000" in r.stdout and "pass@1 0.000 → 0.615" in r.stdout
+    assert "| base eval 6m02s  sft 6m40s" in r.stdout
+    assert "| SFT | 61.5 |" in r.stdout

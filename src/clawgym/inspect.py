@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clawgym import artifacts as A
+from clawgym import console as C
 from clawgym import metrics as M
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout
@@ -291,7 +292,8 @@ RUN_COLUMNS = [
 
 
 def inspect_run(path: Path, console: Console) -> None:
-    """A run directory: one row per step, then where the plots are.
+    """A run directory: one row per step, the cold start's line and the held-out table where the run
+    has them, then where the plots are.
 
     A step's row is its metrics.jsonl lines (`clawgym run` writes one per step) over the figures
     read from the step's own files, so a run chained from the shell (recipes/pipeline.sh), which
@@ -315,6 +317,11 @@ def inspect_run(path: Path, console: Console) -> None:
     for m in lines:
         t.add_row(str(m.step), *(f"{m.values[k]:.4g}" if k in m.values else "-" for k, _ in cols))
     console.print(t)
+    zero = next((m.values for m in lines if m.step == 0 and M.TEACHER_N in m.values), None)
+    if zero is not None:  # an [sft] cold start: its line, with each stage's seconds where the run recorded them
+        console.print(C.cold_start_line(zero), highlight=False, soft_wrap=True)
+    if run.table_md.exists():  # held-out Pass@1 by category: base, SFT, SFT+RL (coldstart.write_table)
+        console.print(run.table_md.read_text().rstrip(), highlight=False, soft_wrap=True)
     plots = sorted(run.plots.glob("*.png")) if run.plots.is_dir() else []
     if plots:
         console.print("plots: " + ", ".join(str(p) for p in plots))
