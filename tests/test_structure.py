@@ -366,7 +366,7 @@ def _command(key: str) -> list[str]:
     """A results key's argv without the wrappers around the command (env, VAR=VALUE, nice, time)."""
     argv = shlex.split(key)
     while argv:
-        if argv[0] == "env" or re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+        if argv[0] == "env" or re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0], flags=re.S):  # a quoted value may hold spaces
             argv = argv[1:]
         elif argv[0] == "nice":
             argv = argv[3:] if argv[1:2] == ["-n"] else argv[1:]
