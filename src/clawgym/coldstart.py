@@ -57,12 +57,11 @@ def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console) -
         console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
         with _timed(run, teach.key):
             run_rollouts(recipe.sft_rollout_config(policy), console)
-    from clawgym.train.checkpoint import load_state
+    from clawgym.train.checkpoint import is_complete
     from clawgym.train.loop import train
 
     cfg = recipe.sft_train_config(policy)
-    state = load_state(cfg.out) if cfg.out.is_dir() else None
-    with _timed(run, optimize.key, state is None or not state.complete):
+    with _timed(run, optimize.key, not is_complete(cfg.out)):
         if not sdir.trees.exists():
             from clawgym.trees import resolve_config, run_build_trees
 

@@ -34,13 +34,6 @@ from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
 
 
-def _complete_checkpoint(path: Path) -> bool:
-    from clawgym.train.checkpoint import load_state
-
-    state = load_state(path) if path.is_dir() else None
-    return state is not None and state.complete
-
-
 def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
     if recipe.model.path is not None:
         return recipe.model.path
@@ -108,7 +101,9 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
         announce(isolated, console)  # once the run is accepted, so a refused resume stays one line
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
     # the step after the last trained one (with [run] keep_last, earlier checkpoints may be gone)
-    first = 1 + max((s for s in range(1, recipe.run.steps + 1) if _complete_checkpoint(run.step(s).checkpoint)), default=0)
+    from clawgym.train.checkpoint import is_complete
+
+    first = 1 + max((s for s in range(1, recipe.run.steps + 1) if is_complete(run.step(s).checkpoint)), default=0)
     from clawgym.sinks import close_sinks, open_sinks
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,

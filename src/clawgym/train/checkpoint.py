@@ -138,6 +138,12 @@ def load_state(path: Path) -> TrainerState | None:
         raise UserError(f"{f}: not a clawgym trainer state ({e})") from None
 
 
+def is_complete(path: Path) -> bool:
+    """Whether `path` holds a complete checkpoint (its state file says so)."""
+    state = load_state(path) if path.is_dir() else None
+    return state is not None and state.complete
+
+
 def load_optimizer(optimizer: torch.optim.Optimizer, path: Path, apply: Callable[[dict], None] | None = None) -> bool:
     """Load optimizer state saved beside a checkpoint if there is one; True if loaded.
 
