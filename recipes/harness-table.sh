@@ -15,7 +15,7 @@
 # `<run>` (its last step checkpoint). Every policy is evaluated in every harness by
 # `clawgym compare`, with the recipes' own engine, chat template and slim harness settings, on the
 # held-out lookup tasks; a cell is Pass@1 ± its standard error over tasks. A rerun resumes the
-# rollouts already in OUT. A run named in RUNS that has no step checkpoint is an error. DRY_RUN=1
+# rollouts already in OUT; one with more RUNS, HARNESSES or N runs only what it adds. A run named in RUNS that has no step checkpoint is an error. DRY_RUN=1
 # prints the compare command instead of running it.
 set -euo pipefail
 

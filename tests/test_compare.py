@@ -50,6 +50,29 @@ def test_policies_are_name_equals_model_folder(tmp_path: Path) -> None:
             parse_policies(bad)
 
 
+def test_an_evaluation_rerun_may_add_harnesses_and_samples_but_a_training_step_may_not(tmp_path: Path) -> None:
+    """A rollout's id is its task, harness and sample index, so more harnesses or a larger n add rollouts
+    to an evaluation's folder and keep the scored ones; fewer, other or a step's own are refused."""
+    import io
+
+    from clawgym.layout import StepLayout
+    from clawgym.settings import rollout_rerun
+
+    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop", "claude-code"], out=tmp_path / "p", n=2)
+    A.write_config(StepLayout(cfg.out).rollout_config, dataclasses.asdict(cfg))  # as run_rollouts records it
+    said = io.StringIO()
+    grown = dataclasses.replace(cfg, harnesses=["agentloop", "codex", "claude-code"], n=3)
+    rollout_rerun(grown, force=False, console=Console(file=said, width=400), evaluation=True)
+    assert said.getvalue().strip() == (f'{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept; adding the '
+                                       f'rollouts of harnesses: ["agentloop","claude-code"] → ["agentloop","codex","claude-code"]; n: 2 → 3)')
+    for other, diff in ((dict(harnesses=["agentloop"]), "harnesses: "), (dict(harnesses=["agentloop", "codex"]), "harnesses: "),
+                        (dict(n=1), "n: 2 → 1"), (dict(n=3, timeout_s=5.0), "timeout_s: ")):
+        with pytest.raises(UserError, match=f"was made with other settings \\({diff}"):
+            rollout_rerun(dataclasses.replace(cfg, **other), force=False, console=Console(file=io.StringIO()), evaluation=True)
+    with pytest.raises(UserError, match=r"other settings \(harnesses: .*; n: 2 → 3\)"):  # a training step's rollouts never grow
+        rollout_rerun(grown, force=False, console=Console(file=io.StringIO()))
+
+
 def test_the_compare_command_refuses_a_bad_policy_in_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "clawgym.cli", "compare", "--policy", f"base={tmp_path}", "--tasks", str(tmp_path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)

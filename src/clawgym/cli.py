@@ -428,7 +428,7 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     from clawgym.settings import rollout_rerun
 
     cfg = _rollout_config(options)
-    rollout_rerun(cfg, force=force, console=err)
+    rollout_rerun(cfg, force=force, console=err, evaluation=True)
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
         scores.print(out_console())

@@ -99,7 +99,7 @@ def compare(policies: dict[str, Path], config, out: Path, console: Console, *, f
     out = Path(out)
     configs = {name: replace(config, model=model, out=out / name) for name, model in policies.items()}
     for cfg in configs.values():  # every policy's folder checked before any rollout runs
-        rollout_rerun(cfg, force=force, console=console)
+        rollout_rerun(cfg, force=force, console=console, evaluation=True)
     cells: list[Cell] = []
     for i, (name, cfg) in enumerate(configs.items(), 1):
         console.print(f"compare: policy {i}/{len(policies)} {name} ({cfg.model}) in {', '.join(config.harnesses)}", markup=False)

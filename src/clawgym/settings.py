@@ -26,6 +26,11 @@ IGNORED = {
 }
 """per stage, the config keys that do not shape its output (paths it writes to, parallelism, where the
 proxy runs); every other key of the recorded config is compared"""
+GROWS = ("harnesses", "n")
+"""rollout keys an evaluation's rerun (`eval`, each policy of `compare`) may extend: more harnesses
+(the recorded ones and others) or a larger n keep the rollouts already scored and run only the new
+ones, since a rollout's id is its task, harness and sample index. A training step's rollouts never
+grow: its trees and update were made from the ones it has."""
 DERIVED = {"build-trees": {"step"}}
 """per stage, the keys it derives from its inputs when not given (build-trees reads the step from the
 rollouts): compared only when a rerun gives them"""
@@ -38,14 +43,24 @@ def _plain(config: Any) -> dict[str, Any]:
     return orjson.loads(orjson.dumps(redact(values), default=str))
 
 
-def differences(stage: str, recorded: dict[str, Any], config: Any) -> list[str]:
-    """"key: old → new" for each shaping key whose value differs (keys the record lacks are not compared)."""
+def grown(key: str, old: Any, new: Any) -> bool:
+    """Whether `new` extends `old` under the GROWS rule: a list that keeps every old item, a larger count."""
+    if key == "harnesses":
+        return isinstance(old, list) and isinstance(new, list) and set(old) < set(new)
+    return isinstance(old, int) and isinstance(new, int) and new > old
+
+
+def differences(stage: str, recorded: dict[str, Any], config: Any, grows: tuple[str, ...] = ()) -> list[str]:
+    """"key: old → new" for each shaping key whose value differs (keys the record lacks are not compared),
+    leaving out the keys of `grows` whose new value extends the recorded one (`grown`)."""
     new = _plain(config)
     out = []
     for key in sorted(set(new) & set(recorded) - IGNORED[stage]):
         if new[key] is None and key in DERIVED.get(stage, ()):
             continue
         old = recorded[key]
+        if key in grows and grown(key, old, new[key]):
+            continue
         if isinstance(new[key], str) and isinstance(old, str) and isinstance(getattr(config, key, None), PurePath):
             old = str(Path(old).resolve())  # a path recorded relative, compared resolved
         if old != new[key]:
@@ -58,34 +73,40 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_rerun(stage: str, record: Path, config: Any, *, force: bool, what: str) -> bool:
+def check_rerun(stage: str, record: Path, config: Any, *, force: bool, what: str, grows: tuple[str, ...] = ()) -> bool:
     """Compare a rerun's `config` with the `record` its output was made with. Returns False for a first
-    run (no record) or a forced one, True for a same-settings rerun (the caller resumes and says so);
-    raises a one-line UserError naming the differing keys otherwise. `what` names the output."""
+    run (no record) or a forced one, True for a same-settings rerun (the caller resumes and says so; a
+    key of `grows` may extend its recorded value); raises a one-line UserError naming the differing
+    keys otherwise. `what` names the output."""
     if force or not record.is_file():
         return False
     try:
         recorded = orjson.loads(record.read_bytes())
     except orjson.JSONDecodeError:
         return False  # an unreadable record (cut short) says nothing: the stage decides as before
-    diffs = differences(stage, recorded, config)
+    diffs = differences(stage, recorded, config, grows)
     if not diffs:
         return True
     raise UserError(f"{what} was made with other settings ({'; '.join(diffs)}): rerun with the same settings to resume, "
                     f"or pass --force to start over")
 
 
-def rollout_rerun(cfg: Any, *, force: bool, console: Any) -> None:
+def rollout_rerun(cfg: Any, *, force: bool, console: Any, evaluation: bool = False) -> None:
     """The rerun rule of a folder of rollouts (`clawgym rollout`, `eval`, each policy of `compare`): the
     same settings resume and say so, others are refused (`check_rerun`), `force` removes the folder's
-    rollout outputs and the trees made from them first."""
+    rollout outputs and the trees made from them first. An `evaluation` may also grow (`GROWS`)."""
     import shutil
 
     from clawgym.layout import StepLayout
 
     out = StepLayout(cfg.out)
-    if check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out)):
-        console.print(f"{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept)", highlight=False,
+    grows = GROWS if evaluation else ()
+    if check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out), grows=grows):
+        recorded, new = orjson.loads(out.rollout_config.read_bytes()), _plain(cfg)
+        added = [f"{key}: {_short(recorded[key])} → {_short(new[key])}" for key in grows
+                 if key in recorded and recorded[key] != new[key]]
+        more = f"; adding the rollouts of {'; '.join(added)}" if added else ""
+        console.print(f"{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept{more})", highlight=False,
                       soft_wrap=True, markup=False)
     elif force:
         for path in (out.results, out.transcripts, out.rollouts, out.calls, out.rollout_config, out.trees, out.trees_config):
