@@ -146,9 +146,10 @@ class SftSection:
     min_reward: float = same_as(TrainConfig, "min_reward", help="train only on teacher trajectories scoring at least this")
 
 
-SFT_SHARED_TRAIN_KEYS = ("token_budget", "attention", "max_grad_norm", "aggregation")
-"""[train] keys the cold start's training takes too (how batches are packed and clipped); every
-other TrainConfig field of the cold start is [sft]'s or TrainConfig's default"""
+SFT_SHARED_TRAIN_KEYS = ("token_budget", "attention", "max_grad_norm", "aggregation", "activation_checkpointing", "head_chunk")
+"""[train] keys the cold start's training takes too (how batches are packed and clipped, and what
+memory a forward keeps: the demonstrations are as long as the rollouts); every other TrainConfig
+field of the cold start is [sft]'s or TrainConfig's default"""
 
 
 @dataclass
