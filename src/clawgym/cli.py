@@ -451,7 +451,8 @@ def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MOD
     """Evaluate several policies in several harnesses: one held-out Pass@1 table, rows policies, columns harnesses.
 
     Each policy is evaluated as `clawgym eval` does, over every --harness, in OUT/<policy>/ (a rerun
-    resumes); each cell is Pass@1 ± its standard error over tasks. Writes OUT/table.md,
+    resumes, and one with more harnesses or a larger --n runs only what it adds); each cell is Pass@1
+    ± its standard error over tasks. Writes OUT/table.md,
     OUT/table.json and OUT/table.png (docs/recipes.md, "Comparing harnesses").
 
     Example: clawgym compare --policy base=models/smol --policy sft=runs/cc/checkpoints/sft --tasks tasks/heldout --harness agentloop,claude-code,codex --n 2 --out runs/table
