@@ -297,7 +297,7 @@ def build_trees(
     from clawgym.trees import resolve_config, run_build_trees
 
     config = resolve_config(step_dir, calls, rollouts, out, options["max_leaves"], metrics, step)
-    if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)):
+    if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)) is not None:
         # the same trees again: rebuilt (cheap, exact), but its metrics line is written once
         made = config.step if config.step is not None else orjson.loads(config_beside(Path(config.out)).read_bytes()).get("step")
         logged = config.metrics is not None and Path(config.metrics).exists() and any(
@@ -342,7 +342,7 @@ def train(
             raise UserError("give a step directory, or both --trees and --rollouts")
         trees, rollouts = trees or StepLayout(step).trees, rollouts or StepLayout(step).rollouts
     cfg = TrainConfig(trees=trees, rollouts=rollouts, **options)
-    if check_rerun("train", Path(cfg.out) / "train_config.json", cfg, force=cfg.force, what=str(cfg.out)):
+    if check_rerun("train", Path(cfg.out) / "train_config.json", cfg, force=cfg.force, what=str(cfg.out)) is not None:
         err.print(f"{cfg.out}: same settings as its checkpoint; resuming (a complete one is kept)", highlight=False, soft_wrap=True)
         cfg = dataclasses.replace(cfg, resume=True)
     with _result(json_out) as report:

@@ -50,22 +50,20 @@ def grown(key: str, old: Any, new: Any) -> bool:
     return isinstance(old, int) and isinstance(new, int) and new > old
 
 
-def differences(stage: str, recorded: dict[str, Any], config: Any, grows: tuple[str, ...] = ()) -> list[str]:
+def differences(stage: str, recorded: dict[str, Any], config: Any, grows: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """"key: old → new" for each shaping key whose value differs (keys the record lacks are not compared),
-    leaving out the keys of `grows` whose new value extends the recorded one (`grown`)."""
+    as two lists: the keys of `grows` whose new value extends the recorded one (`grown`), and the rest."""
     new = _plain(config)
-    out = []
+    differ, extend = [], []
     for key in sorted(set(new) & set(recorded) - IGNORED[stage]):
         if new[key] is None and key in DERIVED.get(stage, ()):
             continue
         old = recorded[key]
-        if key in grows and grown(key, old, new[key]):
-            continue
         if isinstance(new[key], str) and isinstance(old, str) and isinstance(getattr(config, key, None), PurePath):
             old = str(Path(old).resolve())  # a path recorded relative, compared resolved
         if old != new[key]:
-            out.append(f"{key}: {_short(old)} → {_short(new[key])}")
-    return out
+            (extend if key in grows and grown(key, old, new[key]) else differ).append(f"{key}: {_short(old)} → {_short(new[key])}")
+    return differ, extend
 
 
 def _short(value: Any) -> str:
@@ -73,20 +71,20 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_rerun(stage: str, record: Path, config: Any, *, force: bool, what: str, grows: tuple[str, ...] = ()) -> bool:
-    """Compare a rerun's `config` with the `record` its output was made with. Returns False for a first
-    run (no record) or a forced one, True for a same-settings rerun (the caller resumes and says so; a
-    key of `grows` may extend its recorded value); raises a one-line UserError naming the differing
-    keys otherwise. `what` names the output."""
+def check_rerun(stage: str, record: Path, config: Any, *, force: bool, what: str, grows: tuple[str, ...] = ()) -> list[str] | None:
+    """Compare a rerun's `config` with the `record` its output was made with. Returns None for a first
+    run (no record) or a forced one; for a same-settings rerun, the keys of `grows` it extends
+    ("key: old → new", empty when none; the caller resumes and says so); raises a one-line UserError
+    naming the differing keys otherwise. `what` names the output."""
     if force or not record.is_file():
-        return False
+        return None
     try:
         recorded = orjson.loads(record.read_bytes())
     except orjson.JSONDecodeError:
-        return False  # an unreadable record (cut short) says nothing: the stage decides as before
-    diffs = differences(stage, recorded, config, grows)
+        return None  # an unreadable record (cut short) says nothing: the stage decides as before
+    diffs, extended = differences(stage, recorded, config, grows)
     if not diffs:
-        return True
+        return extended
     raise UserError(f"{what} was made with other settings ({'; '.join(diffs)}): rerun with the same settings to resume, "
                     f"or pass --force to start over")
 
@@ -100,11 +98,8 @@ def rollout_rerun(cfg: Any, *, force: bool, console: Any, evaluation: bool = Fal
     from clawgym.layout import StepLayout
 
     out = StepLayout(cfg.out)
-    grows = GROWS if evaluation else ()
-    if check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out), grows=grows):
-        recorded, new = orjson.loads(out.rollout_config.read_bytes()), _plain(cfg)
-        added = [f"{key}: {_short(recorded[key])} → {_short(new[key])}" for key in grows
-                 if key in recorded and recorded[key] != new[key]]
+    added = check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out), grows=GROWS if evaluation else ())
+    if added is not None:
         more = f"; adding the rollouts of {'; '.join(added)}" if added else ""
         console.print(f"{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept{more})", highlight=False,
                       soft_wrap=True, markup=False)
