@@ -435,9 +435,10 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
         if cfg.verifier.judge is None:
             typer.echo("no judge configured: code scores only")
         out = StepLayout(cfg.out)
+        doc = scores.to_json(judge=cfg.verifier.judge is not None)
         report(f"Pass@1 {100 * scores.overall:.1f}%; wrote {out.eval_md} and {out.eval_json}",
-               {"out": cfg.out.resolve(), "eval_json": out.eval_json.resolve(), "pass@1": scores.overall,
-                "per_category": scores.per_category(), "excluded": scores.excluded, "judge": cfg.verifier.judge is not None})
+               {"out": cfg.out.resolve(), "eval_json": out.eval_json.resolve(),
+                **{k: doc[k] for k in ("pass@1", "per_category", "excluded", "judge", "per_harness") if k in doc}})
 
 
 _with_fields(eval_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP, fields_from={"n": EvalSection})

@@ -5,6 +5,11 @@ scored by the verifier (hybrid: 0.7 code + 0.3 rubric where a task has both and 
 A task's Pass@1 is the mean score over its K samples; a category's is the mean over its tasks; the
 overall figure is the mean over all tasks. Rollouts excluded as infra errors do not count (and
 are reported). The tables are written as eval.md and eval.json in the output folder.
+
+An evaluation through several harnesses (a mix-harness policy) also reports each harness on its
+own, the same figures over that harness's rollouts only: a row per harness beside the pooled one
+in the tables, `per_harness` in eval.json, `HARNESS/pass@1` among the metrics. The pooled figure
+alone could hide a policy that works in one harness and fails in another.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clawgym import artifacts as A
+from clawgym import metrics as M
 from clawgym.console import STDERR
 from clawgym.layout import StepLayout
 
@@ -31,6 +37,8 @@ class EvalReport:
     """task id -> scored samples"""
     excluded: int
     harnesses: list[str] = field(default_factory=list)
+    per_harness: dict[str, EvalReport] = field(default_factory=dict)
+    """harness -> the report over its rollouts alone; empty for a single-harness evaluation"""
 
     @property
     def overall(self) -> float:
@@ -43,40 +51,67 @@ class EvalReport:
         return {c: statistics.fmean(v) for c, v in sorted(cats.items())}
 
     def metrics(self) -> dict[str, float]:
-        out = {"pass@1": self.overall, "excluded": float(self.excluded)}
-        out.update({f"pass@1/{c}": v for c, v in self.per_category().items()})
-        return out
+        return M.eval_figures(self.to_json())
+
+    def to_json(self, judge: bool = False) -> dict:
+        """eval.json's document (what `metrics.eval_figures` and the run's table read back)."""
+        doc = {"pass@1": self.overall, "per_category": self.per_category(), "per_task": self.per_task,
+               "samples": self.samples, "excluded": self.excluded, "harnesses": self.harnesses, "judge": judge}
+        if self.per_harness:
+            doc["per_harness"] = {h: {"pass@1": sub.overall, "per_category": sub.per_category(), "excluded": sub.excluded}
+                                  for h, sub in self.per_harness.items()}
+        return doc
+
+    def _rows(self) -> list[tuple[str, list[str]]]:
+        """(label, cells) per table row: one per harness, then the pooled row; cells in %, '-' where absent."""
+        cats = self.per_category()
+        reports = [*((h, sub) for h, sub in self.per_harness.items()),
+                   ((f"all ({', '.join(self.harnesses)})" if self.per_harness else ", ".join(self.harnesses)), self)]
+        rows = []
+        for label, rep in reports:
+            mine = rep.per_category()
+            rows.append((label, [f"{100 * mine[c]:.1f}" if c in mine else "-" for c in cats] + [f"{100 * rep.overall:.1f}"]))
+        return rows
 
     def markdown(self) -> str:
         cats = self.per_category()
         head = "| harness | " + " | ".join(cats) + " | overall |"
         sep = "|---|" + "---|" * len(cats) + "---|"
-        row = f"| {', '.join(self.harnesses)} | " + " | ".join(f"{100 * v:.1f}" for v in cats.values()) + f" | {100 * self.overall:.1f} |"
+        rows = [f"| {label} | " + " | ".join(cells) + " |" for label, cells in self._rows()]
         tasks = ["", "| task | category | samples | Pass@1 |", "|---|---|---|---|"]
         tasks += [f"| {t} | {self.category_of.get(t, '')} | {self.samples[t]} | {100 * s:.1f} |" for t, s in sorted(self.per_task.items())]
         note = f"\nPass@1 in %, the mean score over each task's samples; {self.excluded} rollout(s) excluded as infra errors.\n"
-        return "\n".join([head, sep, row, *tasks]) + "\n" + note
+        return "\n".join([head, sep, *rows, *tasks]) + "\n" + note
 
     def print(self, console: Console) -> None:
-        cats = self.per_category()
-        t = Table("harness", *cats, "overall", title="Pass@1 (%) by category", title_justify="left")
-        t.add_row(", ".join(self.harnesses), *(f"{100 * v:.1f}" for v in cats.values()), f"{100 * self.overall:.1f}")
+        t = Table("harness", *self.per_category(), "overall", title="Pass@1 (%) by category", title_justify="left")
+        for label, cells in self._rows():
+            t.add_row(label, *cells)
         console.print(t)
         if self.excluded:
             console.print(f"[yellow]{self.excluded} rollout(s) excluded as infra errors[/]")
 
 
 def pass_table(rows: dict[str, dict]) -> str:
-    """Table 1 style markdown: one row per labelled eval.json (e.g. base, SFT, SFT+RL), columns its categories."""
+    """Table 1 style markdown: one row per labelled eval.json (e.g. base, SFT, SFT+RL), columns its
+    categories; an evaluation through several harnesses adds a row per harness under its own."""
     cats = sorted({c for doc in rows.values() for c in doc["per_category"]})
     lines = ["| policy | " + " | ".join(cats) + " | overall |", "|---|" + "---|" * (len(cats) + 1)]
-    for label, doc in rows.items():
+
+    def line(label: str, doc: dict) -> str:
         cells = [f"{100 * doc['per_category'][c]:.1f}" if c in doc["per_category"] else "-" for c in cats]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {100 * doc['pass@1']:.1f} |")
+        return f"| {label} | " + " | ".join(cells) + f" | {100 * doc['pass@1']:.1f} |"
+
+    for label, doc in rows.items():
+        lines.append(line(label, doc))
+        lines += [line(f"{label} · {h}", sub) for h, sub in doc.get("per_harness", {}).items()]
     return "\n".join(lines) + "\n\nHeld-out Pass@1 in %, the mean score over each task's samples.\n"
 
 
 def report_from_rollouts(rollouts: list[A.RolloutRecord]) -> EvalReport:
+    """The report over `rollouts`; through more than one harness, with each harness's own report."""
+    harnesses = sorted({r.harness for r in rollouts})
+    per_harness = {h: report_from_rollouts([r for r in rollouts if r.harness == h]) for h in harnesses} if len(harnesses) > 1 else {}
     scores: dict[str, list[float]] = {}
     category_of: dict[str, str] = {}
     excluded = 0
@@ -88,7 +123,7 @@ def report_from_rollouts(rollouts: list[A.RolloutRecord]) -> EvalReport:
         scores.setdefault(r.task_id, []).append(r.reward)
     return EvalReport(per_task={t: statistics.fmean(v) for t, v in scores.items()}, category_of=category_of,
                       samples={t: len(v) for t, v in scores.items()}, excluded=excluded,
-                      harnesses=sorted({r.harness for r in rollouts}))
+                      harnesses=harnesses, per_harness=per_harness)
 
 
 def evaluate(config, console: Console | None = None, proxy=None) -> EvalReport:
@@ -100,9 +135,6 @@ def evaluate(config, console: Console | None = None, proxy=None) -> EvalReport:
     report = report_from_rollouts(summary.rollouts)
     out = StepLayout(Path(config.out))
     A.atomic_write_bytes(out.eval_md, report.markdown().encode())
-    A.atomic_write_bytes(out.eval_json, orjson.dumps({
-        "pass@1": report.overall, "per_category": report.per_category(), "per_task": report.per_task,
-        "samples": report.samples, "excluded": report.excluded, "harnesses": report.harnesses,
-        "judge": config.verifier.judge is not None,
-    }, option=orjson.OPT_INDENT_2))
+    A.atomic_write_bytes(out.eval_json, orjson.dumps(report.to_json(judge=config.verifier.judge is not None),
+                                                     option=orjson.OPT_INDENT_2))
     return report

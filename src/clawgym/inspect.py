@@ -282,7 +282,7 @@ def _prod(shape) -> int:
     return n
 
 
-# The per-step table of a run: (metric key, column title); per-harness rewards are added as found.
+# The per-step table of a run: (metric key, column title); per-harness rewards and Pass@1 are added as found.
 RUN_COLUMNS = [
     (M.REWARD_MEAN, "reward"), (M.INFRA_ERRORS, "infra err"), ("trees/tree_token_ratio", "tree/calls"),
     ("train/loss", "loss"), ("train/entropy", "entropy"), ("train/mismatch_abs", "|Δlogp|"),
@@ -305,14 +305,19 @@ def inspect_run(path: Path, console: Console) -> None:
             rows[sdir.step] = M.step_values(sdir)
     for step, edir in run.evals():
         if edir.eval_json.exists():
-            rows.setdefault(step, {})[M.PASS_AT_1] = float(json.loads(edir.eval_json.read_text())["pass@1"])
+            rows.setdefault(step, {}).update(M.eval_values(M.eval_figures(json.loads(edir.eval_json.read_text()))))
     if run.metrics.exists():
         for m in A.read_metrics(run.metrics):
             rows.setdefault(m.step, {}).update(m.values)
     lines = [A.MetricsLine(step, values) for step, values in sorted(rows.items())]
     keys = {k for m in lines for k in m.values}
     harness_cols = [(k, k.rsplit("/", 1)[1]) for k in sorted(keys) if k.startswith(f"{M.REWARD_MEAN}/")]
-    cols = [(k, title) for k, title in RUN_COLUMNS[:1] + harness_cols + RUN_COLUMNS[1:] if k in keys]
+    # a mix-harness run's held-out Pass@1 per harness (eval/HARNESS/pass@1), after the pooled one
+    eval_cols = [(k, f"eval {k.split('/')[1]}") for k in sorted(keys) if k.startswith(M.EVAL) and k.endswith("/pass@1")
+                 and k.count("/") == 2 and not k.startswith(M.EVAL_BASE)]
+    i = next(i for i, (k, _) in enumerate(RUN_COLUMNS) if k == M.PASS_AT_1) + 1
+    cols = [(k, title) for k, title in RUN_COLUMNS[:1] + harness_cols + RUN_COLUMNS[1:i] + eval_cols + RUN_COLUMNS[i:]
+            if k in keys]
     t = Table("step", *(title for _, title in cols), title=f"run {path}", title_justify="left")
     for m in lines:
         t.add_row(str(m.step), *(f"{m.values[k]:.4g}" if k in m.values else "-" for k, _ in cols))

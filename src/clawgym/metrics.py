@@ -100,7 +100,8 @@ FAMILIES = {
     f"{REWARD_MEAN}/": "metrics.rollout_values: the mean reward of one harness (rollout/reward_mean/HARNESS)",
     "trees/": "trees.stats.TreeStats.to_metrics",
     "train/": "train.step_metrics.REDUCTIONS",
-    EVAL: "eval.EvalReport.metrics (eval/pass@1, eval/pass@1/CATEGORY, eval/excluded; eval/base/ before an [sft] cold start)",
+    EVAL: "metrics.eval_figures (eval/pass@1, eval/pass@1/CATEGORY, eval/excluded, eval/HARNESS/... through several "
+          "harnesses; eval/base/ before an [sft] cold start)",
     "time/": "metrics.PHASES: seconds per phase (collect, reconstruct, optimize, sync, eval) and per step; "
              "metrics.COLD_START_PHASES: seconds per cold-start stage (step 0)",
 }
@@ -207,6 +208,19 @@ def train_values(sdir: StepLayout) -> dict[str, float]:
     return reduce_updates(A.read_jsonl(sdir.train_metrics).records) if sdir.train_metrics.exists() else {}
 
 
+def eval_figures(doc: Mapping) -> dict[str, float]:
+    """An evaluation's figures from its eval.json document (`eval.EvalReport.to_json`): pass@1,
+    excluded, pass@1/CATEGORY, and through several harnesses the same again as HARNESS/pass@1..."""
+    def flat(d: Mapping) -> dict[str, float]:
+        return {"pass@1": d["pass@1"], "excluded": float(d.get("excluded", 0)),
+                **{f"pass@1/{c}": v for c, v in d["per_category"].items()}}
+
+    out = flat(doc)
+    for harness, sub in doc.get("per_harness", {}).items():
+        out.update({f"{harness}/{k}": v for k, v in flat(sub).items()})
+    return out
+
+
 def eval_values(report: Mapping[str, float], prefix: str = EVAL) -> dict[str, float]:
     """An evaluation's figures (`EvalReport.metrics()`, or eval.json's) as metrics keys under `prefix`."""
     return {f"{prefix}{k}": v for k, v in report.items()}
@@ -239,9 +253,7 @@ def cold_start_values(run: RunLayout) -> dict[str, float]:
     for label, prefix in (("base", EVAL_BASE), ("sft", EVAL)):
         path = run.eval(label).eval_json
         if path.exists():
-            doc = orjson.loads(path.read_bytes())
-            values.update(eval_values({"pass@1": doc["pass@1"], **{f"pass@1/{c}": v for c, v in doc["per_category"].items()}},
-                                      prefix))
+            values.update(eval_values(eval_figures(orjson.loads(path.read_bytes())), prefix))
     if run.cold_start_seconds.exists():
         values.update({k: float(v) for k, v in orjson.loads(run.cold_start_seconds.read_bytes()).items()})
     return values
