@@ -11,7 +11,8 @@ import pytest
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
-from clawgym.rollout.runner import RolloutConfig, run_rollouts, select_tasks
+from clawgym.rollout.one import RolloutPlan
+from clawgym.rollout.runner import RolloutConfig, run_rollouts, select_tasks, start_order
 from helpers import has_marker, make_task, script, scripted_config, tool_call
 
 @pytest.mark.slow
@@ -139,3 +140,14 @@ def test_tasks_per_step_draws_a_different_subset_each_step_and_the_same_on_a_rer
     assert len(ids(1, 500)) == 96                  # more than the pool: every task
     with pytest.raises(UserError, match="tasks-per-step"):
         ids(1, -1)
+
+
+def test_rollouts_start_harness_by_harness_so_those_running_at_once_share_a_prompt_length(tmp_path: Path) -> None:
+    tasks = [select_tasks(RolloutConfig(tasks=Path(__file__).parents[2] / "recipes" / "tasks" / "lookup" / "heldout",
+                                        out=tmp_path))[i] for i in range(3)]
+    plans = [RolloutPlan(t, h, i) for t in tasks for h in ("codex", "agentloop") for i in range(2)]
+    started = start_order(plans, ["agentloop", "codex"])
+    assert sorted(started, key=lambda p: p.rollout_id) == sorted(plans, key=lambda p: p.rollout_id)  # every plan, once
+    assert [p.harness for p in started] == ["agentloop"] * 6 + ["codex"] * 6
+    # within a harness, the plans keep their order (task by task, sample by sample)
+    assert [p.rollout_id for p in started[:6]] == [p.rollout_id for p in plans if p.harness == "agentloop"]

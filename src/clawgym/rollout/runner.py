@@ -1,6 +1,9 @@
 """The rollout runner: tasks × harnesses × n samples, each in its own sandbox against the proxy.
 
 Each rollout runs in `one.py` (register, sandbox, harness, settle, verify; the failure policy).
+Rollouts start harness by harness (every task's rollouts through the first harness, then the
+second's): an engine batch pays for its widest row on every decode step, and harness prompts differ
+tenfold in length, so rollouts running at once should come from one harness (bench/mixed_widths.py).
 One rollout's failure never stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
 `--out` skips rollouts already in `results.jsonl`, so a killed run resumes without losing or
 duplicating a rollout; a rollout that had not finished, or ended as `infra_error` (a lost node, an
@@ -109,6 +112,12 @@ def select_tasks(config: RolloutConfig) -> list[Task]:
     return tasks
 
 
+def start_order(plans: list[RolloutPlan], harnesses: list[str]) -> list[RolloutPlan]:
+    """`plans` harness by harness, in the order of `harnesses`, each harness's in their own order:
+    rollouts that run at once then share a harness, and so a prompt length (the module docstring)."""
+    return sorted(plans, key=lambda p: harnesses.index(p.harness))
+
+
 def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: ProxyClient | None = None) -> RolloutSummary:
     """Run every planned rollout (see the module docstring); `proxy` reuses a running proxy."""
     console = console or STDERR
@@ -123,6 +132,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     prefix = config.id_prefix or (f"s{config.step:04d}." if config.step else "")
     plans = [RolloutPlan(t, h, i, prefix) for t in tasks for h in config.harnesses for i in range(config.n)]
     todo = [p for p in plans if p.rollout_id not in done or done[p.rollout_id]["status"] == "infra_error"]
+    todo = start_order(todo, config.harnesses)
     done = {k: r for k, r in done.items() if r["status"] != "infra_error"}
     t0 = time.monotonic()
 
