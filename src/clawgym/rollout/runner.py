@@ -3,7 +3,7 @@
 Each rollout runs in `one.py` (register, sandbox, harness, settle, verify; the failure policy).
 Rollouts start harness by harness (every task's rollouts through the first harness, then the
 second's): an engine batch pays for its widest row on every decode step, and harness prompts differ
-tenfold in length, so rollouts running at once should come from one harness (bench/mixed_widths.py).
+widely in length, so rollouts running at once should come from one harness (bench/mixed_widths.py).
 One rollout's failure never stops the others. Ctrl-C closes every open sandbox and keeps what finished. Rerunning into the same
 `--out` skips rollouts already in `results.jsonl`, so a killed run resumes without losing or
 duplicating a rollout; a rollout that had not finished, or ended as `infra_error` (a lost node, an
