@@ -28,6 +28,11 @@ groups and join afterwards). Requests admitted together that share a prefix nobo
 yet prefill in turn: the first computes it, the others find it. Non-joinable caches turn the
 prefix cache off (logged once). A reload drops the whole cache.
 
+Shared-prefix decode attention (`shared_attention.py`): the rows of a batch (a GRPO group, or several
+tasks of one harness) usually agree on thousands of leading prompt tokens, of which every row holds a
+copy. A decode step reads those keys and values once, from one row, instead of once per row; where
+the rows share too little, or the model does not attend with SDPA, attention is transformers' own.
+
 Weight reloads go through the same queue: a reload waits for the running batch, and requests
 behind it wait for the reload, so every completion is sampled from exactly one policy version.
 """
@@ -45,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window, load_policy
+from clawgym.engines import shared_attention
 from clawgym.engines.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit, default_budget
 from clawgym.engines.threads import ThreadTuner, decode_kind
 from clawgym.engines.weight_layout import transpose_for_decode
@@ -92,6 +98,8 @@ class _Batch:
     cache: Any
     mask: Any
     logits: Any
+    shared: int | None = None
+    """leading prompt tokens every row agrees on (None: not counted since the rows last changed)"""
 
     @property
     def width(self) -> int:
@@ -230,7 +238,8 @@ class HFEngine:
     def __init__(self, model_dir: Path, *, max_batch: int = 8, device: str = "cpu", threads: int | None = None,
                  max_context: int | None = None, max_batch_tokens: int = 65536, prefill_chunk: int = 2048,
                  late_admission: bool = True, prefix_cache: bool = True, prefix_cache_bytes: int | None = None,
-                 prefix_block: int = 32, adaptive_threads: bool = True, weight_layout: str = "rows"):
+                 prefix_block: int = 32, adaptive_threads: bool = True, weight_layout: str = "rows",
+                 shared_attention: bool = True):
         import torch
 
         self.tuner = ThreadTuner(int(threads or torch.get_num_threads()), adaptive=adaptive_threads and device == "cpu")
@@ -245,8 +254,8 @@ class HFEngine:
         """False: requests that arrive mid-batch wait for it to end (the baseline bench/hf_batching.py measures)"""
         self.decode_steps = 0
         """decode forwards run so far (tests wait on it to send a request mid-generation)"""
-        self.timing = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_tokens": 0.0}
-        """forward time and rows decoded so far (the stats' decode tokens/s)"""
+        self.timing = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_tokens": 0.0, "shared_decode_steps": 0.0}
+        """forward time, rows decoded and decode steps that read a shared prefix once, so far"""
         self.policy_version = 0
         self.max_context = max_context or context_window(model_dir)
         self.prefix: PrefixCache | None = None
@@ -257,6 +266,8 @@ class HFEngine:
         self._stats = self.prefix.stats if self.prefix else PrefixCacheStats(enabled=False)
         if weight_layout not in WEIGHT_LAYOUTS:
             raise UserError(f"engine option weight_layout={weight_layout!r}: give one of {', '.join(WEIGHT_LAYOUTS)}")
+        self.shared_attention = shared_attention
+        """decode steps read the rows' shared prefix once (shared_attention.py); off where the model does not run SDPA"""
         self.weight_layout = weight_layout
         """`rows`: weights as loaded; `decode`: on a CPU, wide weights stored [in, out] for one-row products (weight_layout.py)"""
         self.model = self._load(Path(model_dir))
@@ -294,12 +305,17 @@ class HFEngine:
                    max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)),
                    late_admission=bool(o.get("late_admission", True)), prefix_cache=bool(o.get("prefix_cache", True)),
                    prefix_cache_bytes=count("prefix_cache_bytes", None, 0), prefix_block=count("prefix_block", 32, 1),
-                   adaptive_threads=bool(o.get("adaptive_threads", True)), weight_layout=str(o.get("weight_layout", "rows")))
+                   adaptive_threads=bool(o.get("adaptive_threads", True)), weight_layout=str(o.get("weight_layout", "rows")),
+                   shared_attention=bool(o.get("shared_attention", True)))
 
     def _load(self, path: Path):
         model = load_policy(path, self.device)
         if self.weight_layout == "decode" and self.device == "cpu":
             transpose_for_decode(model)
+        if self.shared_attention and not shared_attention.enable(model):
+            log.info("hf engine: %s does not attend with SDPA; shared-prefix decode attention off",
+                     type(model).__name__)
+            self.shared_attention = False
         return model
 
     # -- public API (event-loop side) ------------------------------------------------------------
@@ -322,7 +338,7 @@ class HFEngine:
 
     def stats(self) -> dict[str, float]:
         """The prefix cache's counters and size (`PrefixCacheStats.as_metrics`) and the forwards' time
-        (prefill_seconds, decode_seconds, decode_tokens, decode_steps), for the proxy's metrics."""
+        (prefill_seconds, decode_seconds, decode_tokens, decode_steps, shared_decode_steps), for the proxy's metrics."""
         snap = self.prefix.snapshot() if self.prefix else PrefixCacheStats(**self._stats.__dict__)
         snap.enabled = self.prefix is not None
         return {**snap.as_metrics(), **self.timing, "decode_steps": float(self.decode_steps)}
@@ -551,11 +567,18 @@ class HFEngine:
                 r.pos += 1
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
             kind = decode_kind(len(batch.rows))
+            extra = {self._cache_arg: batch.cache}
+            if self.shared_attention and joinable(batch.cache):
+                if batch.shared is None:
+                    batch.shared = shared_attention.common_prefix([r.job.prompt_ids for r in batch.rows])
+                split = shared_attention.plan(batch.mask, batch.shared)
+                if split is not None:
+                    extra[shared_attention.PLAN_KWARG] = split
+                    self.timing["shared_decode_steps"] += 1
             n, t0 = self.tuner.pick(kind), time.perf_counter()
             with torch.inference_mode():
                 out = self.model(input_ids=nxt, attention_mask=batch.mask, use_cache=True,
-                                 position_ids=torch.tensor([[r.pos] for r in batch.rows], device=self.device),
-                                 **{self._cache_arg: batch.cache})
+                                 position_ids=torch.tensor([[r.pos] for r in batch.rows], device=self.device), **extra)
             dt = time.perf_counter() - t0
             self.tuner.record(kind, n, dt)
             self.timing["decode_seconds"] += dt
