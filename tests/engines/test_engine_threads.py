@@ -13,11 +13,12 @@ def test_the_tuner_prefers_the_faster_count_and_retries_the_slower_now_and_then(
     before = torch.get_num_threads()
     try:
         t = ThreadTuner(most=2, explore_every=4)
-        assert t.pick("decode1") == 1 and torch.get_num_threads() == 1  # each count is timed once first
+        assert t.pick("decode1") == 2 and torch.get_num_threads() == 2  # the most threads first
+        t.record("decode1", 2, 0.1)
+        assert t.pick("decode1") == 1 and torch.get_num_threads() == 1  # then the other count, timed once
         t.record("decode1", 1, 0.4)
         assert torch.get_num_threads() == 2  # back to the most after the forward (threads started later get it)
-        assert t.pick("decode1") == 2 and torch.get_num_threads() == 2
-        t.record("decode1", 2, 0.1)  # 2 threads are 4x faster: 4 x 4 forwards before 1 thread is tried again
+        # 2 threads are 4x faster: 4 x 4 forwards before 1 thread is tried again
         picks = [t.pick("decode1") for _ in range(16)]
         assert picks == [2] * 15 + [1] and t.best("decode1") == 2
         for _ in range(10):  # the load changed: 1 thread is now the faster
@@ -25,6 +26,26 @@ def test_the_tuner_prefers_the_faster_count_and_retries_the_slower_now_and_then(
         assert t.best("decode1") == 1 and t.pick("decode1") == 1
         t.record("prefill", 1, 2.0, work=1000)
         assert t.ema[("prefill", 1)] == 0.002  # seconds per token
+        fixed = ThreadTuner(most=2, adaptive=False)
+        assert {fixed.pick("decode1") for _ in range(40)} == {2}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_tuner_tries_the_other_count_only_on_small_forwards():
+    """A long prefill chunk (a harness prompt) always runs with the count known to be best, or the most
+    threads before any is known: trying the other on it would cost as much as many small tries."""
+    before = torch.get_num_threads()
+    try:
+        t = ThreadTuner(most=2, explore_every=1, explore_work=512)
+        assert t.pick("prefill", work=2048) == 2
+        t.record("prefill", 2, 2.0, work=2048)
+        assert [t.pick("prefill", work=2048) for _ in range(5)] == [2] * 5  # 1 thread is untried, and stays so
+        assert t.pick("prefill", work=300) == 1  # a small forward tries it
+        t.record("prefill", 1, 0.1, work=300)  # 1 thread is the faster per token now
+        assert t.pick("prefill", work=4000) == 1
+        assert t.pick("prefill", work=4000) == 1  # never the slower on a big one, however long since
+        assert t.pick("prefill", work=10) == 2  # a small one retries it
         fixed = ThreadTuner(most=2, adaptive=False)
         assert {fixed.pick("decode1") for _ in range(40)} == {2}
     finally:

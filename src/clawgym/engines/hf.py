@@ -477,7 +477,7 @@ class HFEngine:
             for s in range(P, W, self.prefill_chunk):  # chunked prefill, each chunk attending to the cache
                 e = min(W, s + self.prefill_chunk)
                 extra = {self._cache_arg: cache} if cache is not None else {}
-                n, t0 = self.tuner.pick("prefill"), time.perf_counter()
+                n, t0 = self.tuner.pick("prefill", B * (e - s)), time.perf_counter()
                 out = self.model(input_ids=ids[:, s:e].to(self.device), attention_mask=mask[:, :e],
                                  position_ids=pos[:, s:e].to(self.device), use_cache=True, logits_to_keep=1, **extra)
                 dt = time.perf_counter() - t0

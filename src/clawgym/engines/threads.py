@@ -8,7 +8,10 @@ Neither count is right everywhere, and the load changes while a run goes on, so 
 both: for each kind of forward it keeps a moving average of seconds per unit of work for 1 thread
 and for the most threads allowed, uses the faster, and now and then tries the slower one so that a
 change of load is noticed: after `explore_every` x (slower / faster) forwards, so that trying costs
-at most about 1/`explore_every` of the time whatever the gap. `torch.set_num_threads` from the engine's
+at most about 1/`explore_every` of the time whatever the gap. A kind starts with the most threads
+(what an idle machine wants), and the other count is tried only on a forward of at most
+`explore_work` units: prefill forwards range from a few tokens to a whole harness prompt, and
+trying one thread on a 2,000-token chunk would cost as much as a hundred small tries. `torch.set_num_threads` from the engine's
 worker thread sets that thread's OpenMP and MKL counts, and also the count a thread that has not run
 torch yet starts with; so `record` puts the count back to `most` after each forward, and a trainer
 thread that starts while the engine is idle (as `clawgym run` does) gets all threads.
@@ -25,6 +28,8 @@ class ThreadTuner:
 
     most: int
     explore_every: int = 16
+    explore_work: int = 512
+    """the largest forward (units of `record`'s work) on which the slower or untried count is tried"""
     adaptive: bool = True
     ema: dict[tuple[str, int], float] = field(default_factory=dict)
     since: dict[str, int] = field(default_factory=dict)
@@ -33,22 +38,26 @@ class ThreadTuner:
     def choices(self) -> list[int]:
         return sorted({1, self.most}) if self.adaptive else [self.most]
 
-    def pick(self, kind: str) -> int:
-        """The thread count for the next forward of `kind`, already set in torch for this thread."""
+    def pick(self, kind: str, work: int = 1) -> int:
+        """The thread count for a forward of `kind` doing `work` units, already set in torch for this thread."""
         import torch
 
         options = self.choices()
         n = self.since[kind] = self.since.get(kind, 0) + 1
         unknown = [c for c in options if (kind, c) not in self.ema]
-        if unknown:
-            choice, self.since[kind] = unknown[0], 0
-        elif len(options) == 1:
-            choice = options[0]
+        small = work <= self.explore_work
+        if len(options) == 1 or len(unknown) == len(options):
+            choice = self.most if self.most in options else options[-1]
+        elif unknown:
+            known = next(c for c in options if c not in unknown)
+            choice = unknown[0] if small else known
+            if small:
+                self.since[kind] = 0
         else:
             fast, slow = sorted(options, key=lambda c: self.ema[(kind, c)])
             gap = self.ema[(kind, slow)] / max(self.ema[(kind, fast)], 1e-9)
             choice = fast
-            if n >= self.explore_every * min(gap, 64.0):
+            if small and n >= self.explore_every * min(gap, 64.0):
                 choice, self.since[kind] = slow, 0
         if torch.get_num_threads() != choice:
             torch.set_num_threads(choice)
