@@ -178,6 +178,11 @@ def _growing_layer_class():
         reads and writes every cached key and value on every step). Keys or values replaced from outside
         (a join or a cut of rows) are copied into new buffers on the next update."""
 
+        def adopt(self, kb, vb, n: int) -> None:
+            """Take buffers [B, heads, capacity, head_dim] whose first `n` columns hold the keys/values."""
+            self._kbuf, self._vbuf = kb, vb
+            self.keys, self.values = kb[:, :, :n], vb[:, :, :n]
+
         def update(self, key_states, value_states, *args, **kwargs):
             n, add = self.keys.shape[-2], key_states.shape[-2]
             kb, vb = getattr(self, "_kbuf", None), getattr(self, "_vbuf", None)
@@ -185,7 +190,7 @@ def _growing_layer_class():
                     and self.keys.data_ptr() == kb.data_ptr() and self.values.data_ptr() == vb.data_ptr()
                     and self.keys.stride() == kb.stride() and self.values.stride() == vb.stride()):
                 b, h, _, d = self.keys.shape
-                cap = n + add + max(64, (n + add) // 2)  # geometric growth: amortized one copy per token
+                cap = capacity(n + add)
                 kb, vb = self.keys.new_empty((b, h, cap, d)), self.values.new_empty((b, h, cap, self.values.shape[-1]))
                 kb[:, :, :n], vb[:, :, :n] = self.keys, self.values
                 self._kbuf, self._vbuf = kb, vb
@@ -197,6 +202,33 @@ def _growing_layer_class():
 
 
 _GROWING: list = []
+
+
+def capacity(n: int) -> int:
+    """Columns to allocate for a cache of `n` columns: geometric growth, amortized one copy per token."""
+    return n + max(64, n // 2)
+
+
+def into_buffers(layer: Any, pieces: list[tuple[Any, Any]], width: int) -> None:
+    """Make `layer` a GrowingLayer holding `pieces` (keys, values [rows, heads, t, head_dim]) stacked by
+    rows, each right-aligned at column `width` after zeros (masked padding), in new buffers with room to
+    grow: one copy of what is kept, and the next decode step appends in place."""
+    if not _GROWING:
+        _GROWING.append(_growing_layer_class())
+    k0, v0 = pieces[0]
+    rows = sum(k.shape[0] for k, _ in pieces)
+    kb = k0.new_empty((rows, k0.shape[1], capacity(width), k0.shape[-1]))  # the room is written before it is read
+    vb = v0.new_empty((rows, v0.shape[1], kb.shape[2], v0.shape[-1]))
+    r = 0
+    for k, v in pieces:
+        n, t = k.shape[0], k.shape[2]
+        kb[r:r + n, :, :width - t] = 0
+        vb[r:r + n, :, :width - t] = 0
+        kb[r:r + n, :, width - t:width] = k
+        vb[r:r + n, :, width - t:width] = v
+        r += n
+    layer.__class__ = _GROWING[0]
+    layer.adopt(kb, vb, width)
 
 
 def growing(cache: Any) -> Any:
@@ -464,15 +496,19 @@ class HFEngine:
         if P > 0:  # the past columns: each row's cached blocks, left-padded with masked zeros
             first = next(h.blocks[0] for _, h in items if h.blocks)
             nl, _, heads, blk, hd = first.shape
-            past = first.new_zeros((nl, 2, B, heads, P, hd))
+            past = first.new_empty((nl, 2, B, heads, capacity(W), hd))  # room for the prompt's suffix and the output
             for i, (_, h) in enumerate(items):
                 use, col = max(0, lens[i] - S), P - max(0, lens[i] - S)
+                past[:, :, i, :, :col] = 0
                 for b, t in enumerate(h.blocks):
                     n = min(blk, use - b * blk)
                     if n <= 0:
                         break
                     past[:, :, i, :, col + b * blk: col + b * blk + n] = t[:, :, :, :n]
-            cache = DynamicCache(ddp_cache_data=[(past[layer, 0], past[layer, 1]) for layer in range(nl)])
+            cache = growing(DynamicCache(ddp_cache_data=[(past[layer, 0, :, :, :0], past[layer, 1, :, :, :0])
+                                                         for layer in range(nl)]))
+            for layer, kv in zip(cache.layers, past):  # the chunks' keys/values are then written in place
+                layer.adopt(kv[0], kv[1], P)
         with torch.inference_mode():
             for s in range(P, W, self.prefill_chunk):  # chunked prefill, each chunk attending to the cache
                 e = min(W, s + self.prefill_chunk)
@@ -527,8 +563,7 @@ class HFEngine:
 
         width = max(a.width, b.width)
         for la, lb in zip(a.cache.layers, b.cache.layers):  # keys/values are [B, heads, T, head_dim]
-            la.keys = torch.cat([_left_pad(la.keys, width, 2), _left_pad(lb.keys, width, 2)])
-            la.values = torch.cat([_left_pad(la.values, width, 2), _left_pad(lb.values, width, 2)])
+            into_buffers(la, [(la.keys, la.values), (lb.keys, lb.values)], width)
         mask = torch.cat([_left_pad(a.mask, width, 1), _left_pad(b.mask, width, 1)])
         return _Batch(a.rows + b.rows, a.cache, mask, torch.cat([a.logits, b.logits]))
 
@@ -600,8 +635,8 @@ class HFEngine:
         mask = batch.mask.index_select(0, idx)
         start = int(mask.any(0).nonzero()[0])
         for layer in batch.cache.layers:
-            layer.keys = layer.keys.index_select(0, idx)[:, :, start:]
-            layer.values = layer.values.index_select(0, idx)[:, :, start:]
+            into_buffers(layer, [(layer.keys[i:i + 1, :, start:], layer.values[i:i + 1, :, start:]) for i in keep],
+                         mask.shape[1] - start)
         return _Batch([batch.rows[i] for i in keep], batch.cache, mask[:, start:], batch.logits.index_select(0, idx))
 
     @staticmethod
