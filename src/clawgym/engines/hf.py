@@ -175,8 +175,9 @@ def _growing_layer_class():
     class GrowingLayer(DynamicLayer):
         """A full-attention layer whose keys/values are views of buffers with room to grow: a decode step
         writes its one new column instead of copying the whole cache (`torch.cat` in DynamicLayer.update
-        reads and writes every cached key and value on every step). Keys or values replaced from outside
-        (a join or a cut of rows) are copied into new buffers on the next update."""
+        reads and writes every cached key and value on every step). A join or a cut of rows hands the layer
+        new buffers (`into_buffers`); keys or values replaced any other way are copied into new buffers on
+        the next update."""
 
         def adopt(self, kb, vb, n: int) -> None:
             """Take buffers [B, heads, capacity, head_dim] whose first `n` columns hold the keys/values."""
