@@ -12,6 +12,7 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym import console as C
+from clawgym import metrics as M
 from clawgym.config import load_recipe
 from clawgym.engines import EngineConfig, EngineError, Sampling, make_engine
 from clawgym.engines.base import Chat, ReadsChat
@@ -334,6 +335,9 @@ n = 1
     stages = {k: zero[k] for k in ("time/base_eval_s", "time/teach_s", "time/sft_s", "time/sft_eval_s")}
     assert all(s > 0 for s in stages.values()), stages
     assert f"| base eval {C.duration(stages['time/base_eval_s'])}  teacher " in r.stderr
+    # each stage's and each phase's peak resident memory: at least the model the process holds
+    peaks = [zero[p.peak_key] for p in M.COLD_START_PHASES] + [one[p.peak_key] for p in M.PHASES]
+    assert all(0.1 < g < 64 for g in peaks), peaks
     assert "eval/pass@1" in one and f"step 1/1  reward {one['rollout/reward_mean']:.3f}" in r.stderr
     assert f"pass@1 {one['eval/pass@1']:.3f}" in r.stderr
     if one.get("train/rollouts"):  # a batch of flat groups trains nothing and has no packing to report

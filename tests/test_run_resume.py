@@ -109,7 +109,7 @@ def test_a_step_trained_before_a_resume_is_reported_from_its_train_jsonl_without
 
     monkeypatch.setattr(clawgym.train.loop, "train", refuse)
     [again] = run(recipe, resume=True)
-    measured = ("time/", "proxy/")  # phase times and the engine's cache counters belong to the process that ran the step
+    measured = ("time/", "memory/", "proxy/")  # phase times, peaks and the engine's cache counters belong to the process that ran the step
     assert again.step == 1 and any(k.startswith("train/") for k in again.values)
     assert {k: v for k, v in again.values.items() if not k.startswith(measured)} == \
         {k: v for k, v in line.values.items() if not k.startswith(measured)}

@@ -259,7 +259,7 @@ def test_key_header_that_is_not_utf8_gets_the_protocols_401(proxy, server_errors
 
 ADMIN_ROUTES = [("POST", "/admin/rollouts"), ("GET", "/admin/rollouts/{id}"), ("DELETE", "/admin/rollouts/{id}"),
                 ("POST", "/admin/rollouts/{id}/script"), ("POST", "/admin/reload"), ("GET", "/admin/health"),
-                ("GET", "/admin/metrics"), ("GET", "/admin/rollouts/{id}/conversation")]
+                ("GET", "/admin/metrics"), ("GET", "/admin/rollouts/{id}/conversation"), ("DELETE", "/admin/engine/cache")]
 
 
 @pytest.mark.parametrize("method,path", ADMIN_ROUTES)

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from clawgym import artifacts as A
 from clawgym import metrics as M
+from clawgym import peak_memory
 from clawgym.config import Recipe
 from clawgym.eval import pass_table
 from clawgym.layout import RunLayout
@@ -49,41 +50,44 @@ def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console) -
     evals = recipe.eval.every > 0
     base_eval, teach, optimize, sft_eval = M.COLD_START_PHASES
     if evals:
-        with _timed(run, base_eval.key, not run.eval("base").eval_json.exists()):
+        with _timed(run, base_eval, not run.eval("base").eval_json.exists()):
             _eval(recipe, run, "base", policy, console)
     if not sdir.rollouts.exists():
         from clawgym.rollout.runner import run_rollouts
 
         console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
-        with _timed(run, teach.key):
+        with _timed(run, teach):
             run_rollouts(recipe.sft_rollout_config(policy), console)
     from clawgym.train.checkpoint import is_complete
     from clawgym.train.loop import train
 
     cfg = recipe.sft_train_config(policy)
-    with _timed(run, optimize.key, not is_complete(cfg.out)):
+    with _timed(run, optimize, not is_complete(cfg.out)):
         if not sdir.trees.exists():
             from clawgym.trees import resolve_config, run_build_trees
 
             run_build_trees(resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, 0), console)
         train(cfg, console)  # (with resume=True a complete checkpoint is kept as it is)
     if evals:
-        with _timed(run, sft_eval.key, not run.eval("sft").eval_json.exists()):
+        with _timed(run, sft_eval, not run.eval("sft").eval_json.exists()):
             _eval(recipe, run, "sft", cfg.out, console)
     return cfg.out
 
 
 @contextlib.contextmanager
-def _timed(run: RunLayout, key: str, works: bool = True):
-    """Adds the block's wall seconds under `key` to RUN/sft/seconds.json if it `works` (a stage that
-    a resume skips keeps the time of the run that did it)."""
+def _timed(run: RunLayout, stage: M.Phase, works: bool = True):
+    """Adds the block's wall seconds under the stage's key to RUN/sft/seconds.json, and its peak
+    resident memory under its peak key, if it `works` (a stage that a resume skips keeps the figures
+    of the run that did it)."""
     t0 = time.perf_counter()
+    peak_memory.reset()
     yield
     if not works:
         return
     path = run.cold_start_seconds
     seconds = orjson.loads(path.read_bytes()) if path.exists() else {}
-    seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - t0
+    seconds[stage.key] = seconds.get(stage.key, 0.0) + time.perf_counter() - t0
+    seconds[stage.peak_key] = max(seconds.get(stage.peak_key, 0.0), peak_memory.peak_gib())
     path.parent.mkdir(parents=True, exist_ok=True)
     A.atomic_write_bytes(path, orjson.dumps(seconds))
 

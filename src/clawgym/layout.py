@@ -180,8 +180,8 @@ class RunLayout:
 
     @property
     def cold_start_seconds(self) -> Path:
-        """RUN/sft/seconds.json: the wall seconds of each cold-start stage that ran (coldstart.py), by
-        its metrics key; a resumed cold start adds the stages it ran to those already there."""
+        """RUN/sft/seconds.json: the wall seconds and peak resident memory of each cold-start stage that
+        ran (coldstart.py), by metrics key; a resumed cold start adds the stages it ran to those already there."""
         return self.root / "sft" / "seconds.json"
 
     def eval(self, label: int | str) -> StepLayout:

@@ -6,7 +6,7 @@ One step, read top to bottom (`run`):
 2. reconstruct — build-trees → step-NNNN/trees.parquet
 3. optimize — train on the trees → checkpoints/step-NNNN (HF format + trainer state)
 4. sync — the proxy's engine reloads the new weights (policy_version = NNNN)
-5. report — one metrics.jsonl line (rollout/ trees/ train/ eval/ time/), plots/*.png
+5. report — one metrics.jsonl line (rollout/ trees/ train/ eval/ time/ memory/), plots/*.png
 6. evaluate — every `[eval] every` steps: Pass@1 of the current policy on the eval tasks
 
 Every stage writes atomically and is skipped when its output is already complete, so `--resume`
@@ -28,6 +28,7 @@ from rich.console import Console
 from clawgym import artifacts as A
 from clawgym import console as C
 from clawgym import metrics as M
+from clawgym import peak_memory
 from clawgym.config import Recipe, load_recipe, recipe_to_toml
 from clawgym.recipe_checks import check_runnable
 from clawgym.errors import UserError
@@ -182,8 +183,10 @@ def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages
     def phase(which: M.Phase, work) -> None:
         progress.phase(step, which.doing)
         t = time.monotonic()
+        peak_memory.reset()
         work()
         times[which.key] = time.monotonic() - t
+        times[which.peak_key] = peak_memory.peak_gib()
 
     train_values: dict[str, float] | None = None  # None: trained before a resume, its train/ figures are in train.jsonl
     engine_values: dict[str, float] = {}
@@ -193,6 +196,8 @@ def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages
         phase(M.COLLECT, lambda: _collect(recipe, sdir, step, proxy, stages))
         engine_values = M.engine_values(counts, _engine_counts(proxy))
         phase(M.RECONSTRUCT, lambda: _reconstruct(recipe, sdir, stages))
+        if proxy is not None:  # its keys/values cannot serve the weights training writes; the trainer gets the memory
+            proxy.admin("DELETE", "/admin/engine/cache")
         train_values = {}
         phase(M.OPTIMIZE, lambda: train_values.update(_train_step(recipe, policy, step, stages)))
         if proxy is not None:
@@ -202,7 +207,7 @@ def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages
     values = M.step_values(sdir, engine=engine_values, train=train_values, times=times)
     if recipe.eval.every and step % recipe.eval.every == 0 and proxy is not None:
         phase(M.EVALUATE, lambda: values.update(_evaluate(recipe, run, step, proxy, stages)))
-        values[M.EVALUATE.key] = times[M.EVALUATE.key]
+        values[M.EVALUATE.key], values[M.EVALUATE.peak_key] = times[M.EVALUATE.key], times[M.EVALUATE.peak_key]
     values[M.STEP_SECONDS] = time.monotonic() - t0
     return values
 

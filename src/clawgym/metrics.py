@@ -82,6 +82,11 @@ class Phase:
     doing: str
     """its name beside the progress bar while it runs"""
 
+    @property
+    def peak_key(self) -> str:
+        """metrics key of the process's peak resident memory during the phase, GiB (peak_memory.py)"""
+        return "memory/" + self.key.removeprefix("time/").removesuffix("_s") + "_peak_gib"
+
 
 COLLECT = Phase("time/collect_s", "rollout", "rollouts")
 RECONSTRUCT = Phase("time/reconstruct_s", "trees", "trees")
@@ -104,6 +109,7 @@ FAMILIES = {
           "harnesses; eval/base/ before an [sft] cold start)",
     "time/": "metrics.PHASES: seconds per phase (collect, reconstruct, optimize, sync, eval) and per step; "
              "metrics.COLD_START_PHASES: seconds per cold-start stage (step 0)",
+    "memory/": "metrics.Phase.peak_key: the process's peak resident GiB during each phase and cold-start stage",
 }
 """key prefixes whose names another module owns, and which"""
 

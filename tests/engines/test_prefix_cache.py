@@ -217,6 +217,24 @@ def test_a_reload_drops_the_cache(tiny_model, tmp_path):
     run(eng.close())
 
 
+def test_a_drop_lets_the_cache_go_and_the_next_call_computes_it_again(tiny_model):
+    """`drop_cache` (what `clawgym run` asks for before training) frees every cached block, counts a reset,
+    and the same prompt is then computed from token 0 and answered as before."""
+    eng = warm_engine(tiny_model)
+    p = prompt(120, 16)
+    first = run(eng.generate(p, SEEDED))
+    held = eng.stats()["bytes"]
+    assert held > 0
+    assert run(eng.drop_cache()) == held
+    s = eng.stats()
+    assert s["bytes"] == 0 and s["cached_tokens"] == 0 and s["resets"] == 1
+    again = run(eng.generate(p, SEEDED))
+    assert eng.stats()["prompt_tokens_cached"] == s["prompt_tokens_cached"]  # nothing was found
+    same(again, first)
+    assert run(eng.drop_cache()) > 0 and eng.policy_version == 0  # the weights stay
+    run(eng.close())
+
+
 @pytest.mark.parametrize("found", ["from the config", "at the first prefill"])
 def test_a_sliding_window_model_turns_the_cache_off_once(tiny_model, tmp_path, caplog, monkeypatch, found):
     """Found from the config at the start, or (a cache the config does not predict) by the first
@@ -260,10 +278,14 @@ def test_the_proxy_exports_the_cache_and_records_what_a_cold_engine_records(tiny
             p.settle("r")
             req = urllib.request.Request(p.url + "/admin/metrics", headers={"Authorization": f"Bearer {p.server.admin_token}"})
             text = urllib.request.urlopen(req).read().decode()
-            return read_records(tmp_path / name / "r.jsonl"), text
+            req = urllib.request.Request(p.url + "/admin/engine/cache", method="DELETE",
+                                         headers={"Authorization": f"Bearer {p.server.admin_token}"})
+            dropped = json.loads(urllib.request.urlopen(req).read())
+            return read_records(tmp_path / name / "r.jsonl"), text, dropped
 
-    warm, text = converse({}, "warm")
-    cold_recs, cold_text = converse({"prefix_cache": False}, "cold")
+    warm, text, dropped = converse({}, "warm")
+    cold_recs, cold_text, cold_dropped = converse({"prefix_cache": False}, "cold")
+    assert dropped["dropped"] and dropped["freed_bytes"] > 0 and cold_dropped == {"dropped": True, "freed_bytes": 0}
     for w, c in zip(warm, cold_recs, strict=True):
         assert w.prompt_ids == c.prompt_ids and w.output_ids == c.output_ids
         assert w.output_logprobs == pytest.approx(c.output_logprobs, abs=1e-4)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from clawgym.artifacts.jsonl import JsonlWriter, read_jsonl
 from clawgym.artifacts.rows import ArtifactError
 
-METRIC_PREFIXES = ("proxy/", "rollout/", "trees/", "train/", "eval/", "time/")
+METRIC_PREFIXES = ("proxy/", "rollout/", "trees/", "train/", "eval/", "time/", "memory/")
 
 
 @dataclass

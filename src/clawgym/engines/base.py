@@ -108,6 +108,17 @@ class ReadsChat(Protocol):
 
 
 @runtime_checkable
+class DropsCache(Protocol):
+    """An engine that keeps keys/values between requests (the hf engine's prefix cache) and can let them go."""
+
+    async def drop_cache(self) -> int:
+        """Drop every cached key/value after the requests now running; returns the bytes let go. `clawgym run`
+        calls it before training in its own process: the weights are about to change, so the cache would be
+        dropped at the reload anyway, and the trainer gets its memory meanwhile."""
+        ...
+
+
+@runtime_checkable
 class ReportsStats(Protocol):
     """An engine with numbers of its own for the proxy's metrics (the hf engine's prefix cache)."""
 

@@ -71,7 +71,8 @@ class _Job:
 
 @dataclass
 class _Reload:
-    path: Path
+    path: Path | None
+    """None: drop the prefix cache only (`drop_cache`)"""
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
 
@@ -369,6 +370,13 @@ class HFEngine:
         self._jobs.put(job)
         return await job.future
 
+    async def drop_cache(self) -> int:
+        """Drop the prefix cache once the running batch ends (like a reload, without new weights); the bytes freed."""
+        loop = asyncio.get_running_loop()
+        job = _Reload(None, loop.create_future(), loop)
+        self._jobs.put(job)
+        return await job.future
+
     def stats(self) -> dict[str, float]:
         """The prefix cache's counters and size (`PrefixCacheStats.as_metrics`) and the forwards' time
         (prefill_seconds, decode_seconds, decode_tokens, decode_steps, shared_decode_steps), for the proxy's metrics."""
@@ -418,6 +426,12 @@ class HFEngine:
                 batch = self._step(batch)
 
     def _reload(self, r: _Reload) -> None:
+        if r.path is None:
+            freed = self.prefix.snapshot().bytes if self.prefix else 0
+            if self.prefix:
+                self.prefix.clear()
+            _resolve(r, freed)
+            return
         try:
             self.model = self._load(r.path)
             if self.prefix:  # keys/values of the old weights must never serve the new version

@@ -63,7 +63,7 @@ class PrefixCacheStats:
     evicted_blocks: int = 0
     evicted_tokens: int = 0
     resets: int = 0
-    """weight reloads that dropped the cache"""
+    """times the whole cache was dropped (every weight reload, and every `drop_cache` before training)"""
     cached_blocks: int = 0
     cached_tokens: int = 0
     bytes: int = 0

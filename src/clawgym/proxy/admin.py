@@ -13,6 +13,8 @@
                                            clawgym_engine_* gauges when it reports any)
     GET    /admin/engine                   {"stats": the engine's own numbers} ({} for an engine without any):
                                            the run loop reads the prefix cache's counters per step
+    DELETE /admin/engine/cache             drop the engine's cached keys/values (`DropsCache`) -> freed_bytes;
+                                           the run loop calls it before training in its own process
 
 The admin token travels as `Authorization: Bearer …` or `x-admin-token`. A rollout's API key is
 returned once, at registration, and never logged or recorded. Secrets are compared as the bytes
@@ -30,7 +32,7 @@ from typing import Any, Callable
 import orjson
 from aiohttp import web
 
-from clawgym.engines.base import ReportsStats
+from clawgym.engines.base import DropsCache, ReportsStats
 from clawgym.errors import UserError
 from clawgym.proxy.types import ProtocolError
 
@@ -88,6 +90,9 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+SCRIPT_ITEMS = "must be a list of texts or {text|error, delay_s} objects"
+
+
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
@@ -140,6 +145,8 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
         script = data.get("script")
         if script is not None and not hasattr(server.engine, "push"):
             raise UserError(f"'script' needs the scripted engine; this proxy runs '{server.config.engine}'")
+        if script is not None and not isinstance(script, list):
+            raise UserError(f"'script' {SCRIPT_ITEMS}")
         r = server.register(data.get("rollout_id"), role)
         if script is not None:
             server.engine.push(r.id, script)
@@ -171,7 +178,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
             raise UserError(f"scripts need the scripted engine; this proxy runs '{server.config.engine}'")
         items = (await body(request)).get("items")
         if not isinstance(items, list):
-            raise UserError("'items' must be a list of texts or {text|error, delay_s} objects")
+            raise UserError(f"'items' {SCRIPT_ITEMS}")
         return _json({"rollout_id": rid, "queued": server.engine.push(rid, items)})
 
     async def reload(request: web.Request) -> web.Response:
@@ -200,6 +207,11 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
                 server.metrics.gauge_set(f"clawgym_engine_{name}", value)
         return web.Response(text=server.metrics.text(), content_type="text/plain", charset="utf-8")
 
+    async def drop_engine_cache(request: web.Request) -> web.Response:
+        if not isinstance(server.engine, DropsCache):
+            return _json({"dropped": False, "freed_bytes": 0})
+        return _json({"dropped": True, "freed_bytes": await server.engine.drop_cache()})
+
     async def engine_stats(request: web.Request) -> web.Response:
         return _json({"stats": server.engine.stats() if isinstance(server.engine, ReportsStats) else {}})
 
@@ -213,6 +225,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
     r.add_get("/admin/health", authed(health))
     r.add_get("/admin/metrics", authed(metrics))
     r.add_get("/admin/engine", authed(engine_stats))
+    r.add_delete("/admin/engine/cache", authed(drop_engine_cache))
 
 
 def wait_settled(status: Callable[[], dict], timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict | None:

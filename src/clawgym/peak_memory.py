@@ -1,0 +1,39 @@
+"""The process's peak resident memory over a stretch of work, for the per-phase `memory/` metrics.
+
+Linux keeps a process's high-water resident set size (`VmHWM` in /proc/self/status) and resets it
+to the present size when "5" is written to /proc/self/clear_refs, so a phase's own peak is read by
+resetting before the phase and reading after it. The engine, the trainer and the proxy share one
+process in `clawgym run`, so the figure is what they held together at the phase's worst moment
+(harness subprocesses are not in it). Where the reset is not allowed (another OS, a locked-down
+/proc), the figure is the process's peak since it started (`ru_maxrss`), which still names the phase
+in which the run's peak was reached: the first phase whose figure equals the run's largest.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+GIB = 2.0 ** 30
+
+
+def reset() -> bool:
+    """Start a new high-water mark at the present resident size; False where the OS does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_gib() -> float:
+    """The resident high-water mark in GiB: since the last `reset`, or since the process started."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except (OSError, ValueError, IndexError):
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB  # bytes on macOS, KiB elsewhere
