@@ -3,9 +3,8 @@
 A GRPO group decodes side by side: its rollouts' prompts agree on the first few thousand tokens (the
 harness's system prompt and tool schemas, the task) and differ only in what each has sampled and been
 told since. The engine's batch cache holds a copy of those shared keys and values in every row, and
-plain attention streams every copy on every decode step: on a CPU, at batch 4 over a 4k-token Claude
-Code prompt, that read costs about as much as the weights' (docs/engines.md, "Shared-prefix decode
-attention").
+plain attention streams every copy on every decode step: a read that grows with rows x prompt length,
+all of its copies but one the same (docs/engines.md, "Shared-prefix decode attention").
 
 Here one decode step splits each row's keys into two parts and merges them exactly:
 
