@@ -3,9 +3,10 @@
     python3 bench/decode_speed.py --model smollm2-135m-instruct      # SmolLM2-135M (converted once, cached)
     python3 bench/decode_speed.py --small                            # tiny model, < 30 s
 
-A decode step reads every weight once (tied embeddings once) and every row's cached keys and values,
-so at small batch sizes a step cannot take less than (weight bytes + rows x context x key/value bytes
-a token) / memory bandwidth; at large ones it cannot take less than
+A decode step reads every weight once (tied embeddings once) and the cached keys and values: the
+prompt the rows share once (the engine's shared-prefix attention), each row's own tokens per row. So
+at small batch sizes a step cannot take less than (weight bytes + (shared + rows x own tokens) x
+key/value bytes a token) / memory bandwidth; at large ones it cannot take less than
 2 x parameters x rows / peak FLOP/s. The bench measures both rates here (the best of a few
 single-pass reads of a 512 MB fp32 tensor, and of 2048^2 fp32 matmuls, each with 1 and with all
 threads), so the limit is this machine's at this moment, then runs the hf engine at each --batch and
@@ -14,8 +15,10 @@ temperature 1. At harness lengths (`--context 3500`, Claude Code's slim first pr
 the keys and values outweigh the weights from a few rows on. It prints
 the engine's decode tokens/s (forward time only, from the engine's stats; and wall time,
 sampling and Python included) and the ratio limit / measured, beside the same engine with the opt-in
-`weight_layout=decode` (src/clawgym/engines/weight_layout.py), the two run in turn at each batch
-size. It also prints, for each weight shape of the model, the rate
+`weight_layout=decode` (src/clawgym/engines/weight_layout.py) and the same engine with
+`shared_attention=false` (the rows' shared prompt read once per row, the baseline of
+src/clawgym/engines/shared_attention.py; past --context 32 the rows share their whole prompt), all run
+in turn at each batch size. It also prints, for each weight shape of the model, the rate
 of a one-row product over the model's own weights of that shape in each layout (one thread, all the
 layers' matrices in turn, so each read comes from memory as in a decode step). `--fixed-threads` runs every forward
 with the most threads instead of the engine's choice per forward (docs/engines.md, Threads). The load average is printed before
@@ -32,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from clawgym.engines.shared_attention import MIN_SHARED
 from clawgym.pretrained import model_by_name
 
 import results_md  # bench/results_md.py: --write-results
@@ -134,9 +138,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = model_by_name(a.model, Path(tmp))
         contexts = [int(x) for x in a.context.split(",")]
-        engine, transposed = (HFEngine(model_dir, max_batch=64, threads=a.threads, prefix_cache=max(contexts) > 32,
-                                 adaptive_threads=not a.fixed_threads, weight_layout=layout) for layout in ("rows", "decode"))
-        engine.eos_ids = transposed.eos_ids = ()  # decode the full budget: the model's end-of-turn would cut rows short
+        engine, transposed, unshared = (HFEngine(model_dir, max_batch=64, threads=a.threads, prefix_cache=max(contexts) > 32,
+                                                 adaptive_threads=not a.fixed_threads, weight_layout=layout, shared_attention=sh)
+                                        for layout, sh in (("rows", True), ("decode", True), ("rows", False)))
+        engine.eos_ids = transposed.eos_ids = unshared.eos_ids = ()  # decode the full budget: end-of-turn would cut rows short
         params = {id(p): p for p in engine.model.parameters()}.values()  # tied weights once
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
         n_params = sum(p.numel() for p in params)
@@ -146,25 +151,31 @@ def main() -> int:
         kv_bytes = cfg.num_hidden_layers * 2 * getattr(cfg, "num_key_value_heads", cfg.num_attention_heads) * head_dim * 4
         asyncio.run(decode(engine, 1, 4, vocab))  # warm-up
         asyncio.run(decode(transposed, 1, 4, vocab))
+        asyncio.run(decode(unshared, 1, 4, vocab))
         print(f"weights {weight_bytes / 2**20:.0f} MiB ({n_params:,} parameters); read bandwidth {bw / 1e9:.1f} GB/s, "
               f"fp32 matmul {flops / 1e9:.1f} GFLOP/s; load average {load0:.1f} on {os.cpu_count()} CPUs")
-        print(f"keys and values: {kv_bytes / 2**10:.0f} KiB a token of context (fp32), read by every decode step of its row")
+        print(f"keys and values: {kv_bytes / 2**10:.0f} KiB a token of context (fp32), read by every decode step: "
+              f"the rows' shared prompt once{'' if engine.shared_attention else ' per row (shared attention is off for this model)'}")
         print("| batch | context | limit tok/s | decode tok/s (forward) | decode tok/s (wall) | limit / forward | bound by "
-              "| weight_layout=decode: tok/s (forward) | decode / default |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| weight_layout=decode: tok/s (forward) | decode / default | shared_attention=false: tok/s (forward) "
+              "| default / unshared |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         ok = True
         for ctx in contexts:
             for b in [int(x) for x in a.batch.split(",")]:
-                # a step reads every weight and each row's keys and values once, and multiplies every weight per row
-                read = weight_bytes + b * (ctx + a.tokens // 2) * kv_bytes
+                # a step reads every weight, the shared prompt's keys and values once and each row's own once,
+                # and multiplies every weight per row
+                shared = ctx if engine.shared_attention and b > 1 and ctx > 32 and ctx >= MIN_SHARED else 0
+                read = weight_bytes + (shared + b * (ctx - shared + a.tokens // 2)) * kv_bytes
                 step = max(read / bw, 2 * n_params * b / flops)
                 limit = b / step
                 fwd, wall, n = asyncio.run(decode(engine, b, a.tokens, vocab, ctx))
                 alt, _, m = asyncio.run(decode(transposed, b, a.tokens, vocab, ctx))
-                ok &= n == m == b * a.tokens
+                plain, _, k = asyncio.run(decode(unshared, b, a.tokens, vocab, ctx))
+                ok &= n == m == k == b * a.tokens
                 bound = "bandwidth" if read / bw >= 2 * n_params * b / flops else "FLOPs"
                 print(f"| {b} | {ctx} | {limit:.1f} | {fwd:.1f} | {wall:.1f} | {limit / fwd:.2f} | {bound} | {alt:.1f} "
-                      f"| {alt / fwd:.2f}x |", flush=True)
+                      f"| {alt / fwd:.2f}x | {plain:.1f} | {fwd / plain:.2f}x |", flush=True)
         ema = engine.tuner.ema
         kinds = sorted({k for k, _ in ema})
         print("the engine's own timing of each kind of forward (moving average, the counts interleaved in this run):")
@@ -180,6 +191,7 @@ def main() -> int:
                   f"{'  <- decode layout' if decode_layout_wanted(o, i) else ''}")
         asyncio.run(engine.close())
         asyncio.run(transposed.close())
+        asyncio.run(unshared.close())
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0 if ok else 1
 
