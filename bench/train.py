@@ -82,6 +82,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from clawgym import peak_memory
 from clawgym.artifacts import TreeNode
 from clawgym.train import lora
 from clawgym.train.attention import TreePlan, implementation
@@ -549,20 +550,16 @@ def _head_mem_child(spec: str) -> None:
     hidden.grad = torch.zeros_like(hidden)
     targets, coef = torch.randint(0, V, (T,)), torch.randn(T)
 
-    def rss(field: str) -> int:
-        line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(field))
-        return int(line.split()[1]) * 1024
-
     # Warm-up on 2 rows: the first checkpointed call loads code lazily (tens of MB resident), which is not the head's.
     lp, _ = chunked_logprobs(lambda x: (x @ w.T).float(), hidden[:2].detach().requires_grad_(), targets[:2], 1, True)
     lp.sum().backward()
     del lp
     w.grad.zero_()
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current size
-    base = rss("VmRSS")
+    peak_memory.reset()  # the peak (VmHWM) starts again at the current size
+    base = peak_memory.status_bytes("VmRSS")
     logp, ent = chunked_logprobs(lambda x: (x @ w.T).float(), hidden, targets, chunk, with_entropy=True)
     (coef * logp).sum().backward()  # training's loss: the logprobs; the entropy is a metric
-    print(rss("VmHWM") - base)
+    print(peak_memory.status_bytes("VmHWM") - base)
 
 
 @dataclass

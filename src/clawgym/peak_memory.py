@@ -27,13 +27,21 @@ def reset() -> bool:
         return False
 
 
-def peak_gib() -> float:
-    """The resident high-water mark in GiB: since the last `reset`, or since the process started."""
+def status_bytes(field: str) -> int | None:
+    """A memory field of /proc/self/status in bytes (`VmHWM`: the high-water mark, `VmRSS`: now); None off Linux."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / GIB
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def peak_gib() -> float:
+    """The resident high-water mark in GiB: since the last `reset`, or since the process started."""
+    hwm = status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm / GIB
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB  # bytes on macOS, KiB elsewhere
