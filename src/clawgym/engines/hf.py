@@ -426,20 +426,26 @@ class HFEngine:
                 batch = self._step(batch)
 
     def _reload(self, r: _Reload) -> None:
+        """New weights and an empty prefix cache (keys/values of the old weights must never serve the new
+        version); with no path, only the empty cache (`drop_cache`: answers the bytes freed)."""
         if r.path is None:
-            freed = self.prefix.snapshot().bytes if self.prefix else 0
-            if self.prefix:
-                self.prefix.clear()
-            _resolve(r, freed)
+            _resolve(r, self._drop_prefix())
             return
         try:
             self.model = self._load(r.path)
-            if self.prefix:  # keys/values of the old weights must never serve the new version
-                self.prefix.clear()
+            self._drop_prefix()
             self.policy_version += 1
             _resolve(r, self.policy_version)
         except Exception as e:
             _resolve(r, error=e if isinstance(e, UserError) else UserError(f"reload from {r.path} failed: {e}"))
+
+    def _drop_prefix(self) -> int:
+        """Empty the prefix cache; the bytes it held."""
+        if self.prefix is None:
+            return 0
+        freed = self.prefix.snapshot().bytes
+        self.prefix.clear()
+        return freed
 
     def _admit(self, batch: _Batch | None, jobs: list[_Job]) -> _Batch | None:
         """Prefill `jobs` and join them to the running batch (a failure fails only these jobs)."""
