@@ -223,9 +223,9 @@ def test_a_drop_lets_the_cache_go_and_the_next_call_computes_it_again(tiny_model
     eng = warm_engine(tiny_model)
     p = prompt(120, 16)
     first = run(eng.generate(p, SEEDED))
-    held = eng.stats()["bytes"]
+    held = eng.stats()["bytes"]  # read as the answer arrives: the output's blocks may still be on their way in
     assert held > 0
-    assert run(eng.drop_cache()) == held
+    assert run(eng.drop_cache()) >= held  # the drop runs after them, in the worker's order
     s = eng.stats()
     assert s["bytes"] == 0 and s["cached_tokens"] == 0 and s["resets"] == 1
     again = run(eng.generate(p, SEEDED))
