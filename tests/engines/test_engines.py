@@ -94,41 +94,69 @@ def test_hf_batched_generation_logprobs_match_a_plain_forward(hf_engine):
         assert g.output_logprobs == pytest.approx(ref, abs=1e-4)
 
 
-def test_hf_decode_layout_keeps_every_weight_and_serves_what_the_trainer_computes(tiny_model, tmp_path):
-    """With weight_layout=decode the engine re-stores wide weights as [in, out] (weight_layout.py): the same
-    values, shapes and tied embedding, and completions whose logprobs match the checkpoint as the trainer
-    loads it; by default every weight stays as loaded."""
+def test_hf_packed_layout_keeps_every_weight_and_serves_what_the_trainer_computes(tiny_model, tmp_path):
+    """By default on a CPU the engine multiplies by oneDNN-packed copies of its linear weights (weight_layout.py):
+    every parameter, shape and tied embedding stays the checkpoint's, the completions' logprobs match the
+    checkpoint as the trainer loads it, a reload packs the new weights, and `weight_layout=rows` keeps
+    plain layers that sample the same tokens."""
     from clawgym.engines.base import load_policy
-    from clawgym.engines.weight_layout import decode_layout_wanted
+    from clawgym.engines.weight_layout import PACK_MIN, available
     from clawgym.model import init_model
 
+    if not available():
+        pytest.skip("this torch has no oneDNN weight packing")
     ref = load_policy(tiny_model)
-    eng = HFEngine(tiny_model, weight_layout="decode")
-    restored = 0
+    eng = HFEngine(tiny_model)
     for (name, w), (_, r) in zip(eng.model.named_parameters(remove_duplicate=False), ref.named_parameters(remove_duplicate=False)):
         assert w.shape == r.shape and torch.equal(w, r), name
-    for name, mod in eng.model.named_modules():
-        if type(mod) is torch.nn.Linear:
-            wide = decode_layout_wanted(*mod.weight.shape)
-            assert mod.weight.t().is_contiguous() == wide and mod.weight.is_contiguous() != wide, name
-            restored += wide
-    assert restored > 0  # the tiny model has wide layers, so the test exercises the re-stored ones
+    linears = [m for m in eng.model.modules() if isinstance(m, torch.nn.Linear)]
+    packed = [m for m in linears if type(m) is not torch.nn.Linear]
+    assert packed == [m for m in linears if m.weight.numel() >= PACK_MIN] and packed  # the tiny model's head at least
+    assert all(m.packed_weight.shape == m.weight.shape for m in packed)
     if ref.config.tie_word_embeddings:
         assert eng.model.get_input_embeddings().weight is eng.model.get_output_embeddings().weight
-    prompt = [5, 6, 7, 8, 9]
-    g = run(eng.generate(prompt, Sampling(max_tokens=8, temperature=0.8, seed=3)))
-    assert g.output_logprobs == pytest.approx(teacher_forced_logprobs(ref, prompt, g.output_ids, 0.8), abs=1e-4)
-    rows = HFEngine(tiny_model)
-    assert all(m.weight.is_contiguous() for m in rows.model.modules() if type(m) is torch.nn.Linear)
-    assert run(rows.generate(prompt, Sampling(max_tokens=8, temperature=0.8, seed=3))).output_ids == g.output_ids
+    prompts = [[5, 6, 7, 8, 9], [5, 6, 7, 10]]  # two rows: their decode steps multiply by the packed weights
+
+    async def both(e):
+        return await asyncio.gather(*[e.generate(p, Sampling(max_tokens=8, temperature=0.8, seed=3 + i))
+                                      for i, p in enumerate(prompts)])
+
+    gens = run(both(eng))
+    for p, g in zip(prompts, gens):
+        assert g.output_logprobs == pytest.approx(teacher_forced_logprobs(ref, p, g.output_ids, 0.8), abs=1e-4)
+    # with autograd on (scoring through the engine's model) the layers take the plain path, which has a backward
+    x = torch.randn(2, linears[0].in_features, requires_grad=True)
+    linears[0](x).sum().backward()
+    assert x.grad is not None and torch.allclose(linears[0](x.detach()), torch.nn.functional.linear(x, linears[0].weight), atol=1e-4)
+    rows = HFEngine(tiny_model, weight_layout="rows")
+    assert all(type(m) is torch.nn.Linear for m in rows.model.modules() if isinstance(m, torch.nn.Linear))
+    assert [g.output_ids for g in run(both(rows))] == [g.output_ids for g in gens]
     other = tmp_path / "other"
     init_model(other, seed=1, size="tiny")
-    run(eng.reload(other))  # a reload re-stores the new weights the same way
-    assert any(type(m) is torch.nn.Linear and m.weight.t().is_contiguous() and not m.weight.is_contiguous()
-               for m in eng.model.modules())
+    run(eng.reload(other))  # a reload packs the new weights
+    head = eng.model.get_output_embeddings()
+    x = torch.randn(3, head.in_features)
+    with torch.inference_mode():
+        assert type(head) is not torch.nn.Linear and torch.allclose(head(x), torch.nn.functional.linear(x, head.weight), atol=1e-4)
     run(eng.close()), run(rows.close())
-    with pytest.raises(UserError, match="weight_layout='columns': give one of decode, rows"):
+    with pytest.raises(UserError, match="weight_layout='columns': give one of packed, rows"):
         HFEngine(tiny_model, weight_layout="columns")
+
+
+def test_pack_linears_unpacks_where_the_packed_product_disagrees(tiny_model, monkeypatch):
+    """A torch whose packed product differs from the plain one (checked on a probe) leaves every layer plain."""
+    from clawgym.engines import weight_layout
+    from clawgym.engines.base import load_policy
+
+    if not weight_layout.available():
+        pytest.skip("this torch has no oneDNN weight packing")
+    model = load_policy(tiny_model)
+    monkeypatch.setattr(weight_layout, "_agrees", lambda module: False)
+    assert weight_layout.pack_linears(model) == 0
+    assert all(type(m) is torch.nn.Linear and not hasattr(m, "packed_weight")
+               for m in model.modules() if isinstance(m, torch.nn.Linear))
+    monkeypatch.undo()
+    assert weight_layout.pack_linears(model) > 0
 
 
 def test_hf_seed_greedy_and_stop_ids(hf_engine):

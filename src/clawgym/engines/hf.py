@@ -40,6 +40,7 @@ behind it wait for the reload, so every completion is sampled from exactly one p
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -53,12 +54,10 @@ from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling
 from clawgym.engines import shared_attention
 from clawgym.engines.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit, default_budget
 from clawgym.engines.threads import ThreadTuner, decode_kind
-from clawgym.engines.weight_layout import transpose_for_decode
+from clawgym.engines.weight_layout import WEIGHT_LAYOUTS, pack_linears
 from clawgym.errors import UserError
 
 log = logging.getLogger("clawgym.engines.hf")
-
-WEIGHT_LAYOUTS = ("decode", "rows")
 
 
 @dataclass
@@ -272,7 +271,7 @@ class HFEngine:
     def __init__(self, model_dir: Path, *, max_batch: int = 8, device: str = "cpu", threads: int | None = None,
                  max_context: int | None = None, max_batch_tokens: int = 65536, prefill_chunk: int = 2048,
                  late_admission: bool = True, prefix_cache: bool = True, prefix_cache_bytes: int | None = None,
-                 prefix_block: int = 32, adaptive_threads: bool = True, weight_layout: str = "rows",
+                 prefix_block: int = 32, adaptive_threads: bool = True, weight_layout: str = "packed",
                  shared_attention: bool = True):
         import torch
 
@@ -303,8 +302,17 @@ class HFEngine:
         self.shared_attention = shared_attention
         """decode steps read the rows' shared prefix once (shared_attention.py); off where the model does not run SDPA"""
         self.weight_layout = weight_layout
-        """`rows`: weights as loaded; `decode`: on a CPU, wide weights stored [in, out] for one-row products (weight_layout.py)"""
-        self.model = self._load(Path(model_dir))
+        """`packed`: on a CPU, linear weights also held in oneDNN's blocked layout (weight_layout.py); `rows`: as loaded"""
+        self._requeue: list[_Job] = []
+        """admitted jobs a prefill gave back (the prefix cache turned off under them); they go first again"""
+        self._jobs: queue.Queue = queue.Queue()
+        self._stopped = False
+        # The worker thread loads the weights too, so that every torch forward of the engine, the load's
+        # included, runs in one thread: one OpenMP thread pool (docs/engines.md, Threads).
+        loaded: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._work, args=(Path(model_dir), loaded), name="clawgym-hf-engine", daemon=True)
+        self._thread.start()
+        self.model = loaded.result()
         # transformers 5.2x renamed past_key_values to cache; accept either version.
         import inspect
 
@@ -315,12 +323,6 @@ class HFEngine:
         self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
         if self.prefix is not None and not plain_attention(self.model.config):
             self._turn_off_prefix("sliding-window or other layers")
-        self._requeue: list[_Job] = []
-        """admitted jobs a prefill gave back (the prefix cache turned off under them); they go first again"""
-        self._jobs: queue.Queue = queue.Queue()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._work, name="clawgym-hf-engine", daemon=True)
-        self._thread.start()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "HFEngine":
@@ -339,13 +341,13 @@ class HFEngine:
                    max_batch_tokens=int(o.get("max_batch_tokens", 65536)), prefill_chunk=int(o.get("prefill_chunk", 2048)),
                    late_admission=bool(o.get("late_admission", True)), prefix_cache=bool(o.get("prefix_cache", True)),
                    prefix_cache_bytes=count("prefix_cache_bytes", None, 0), prefix_block=count("prefix_block", 32, 1),
-                   adaptive_threads=bool(o.get("adaptive_threads", True)), weight_layout=str(o.get("weight_layout", "rows")),
+                   adaptive_threads=bool(o.get("adaptive_threads", True)), weight_layout=str(o.get("weight_layout", "packed")),
                    shared_attention=bool(o.get("shared_attention", True)))
 
     def _load(self, path: Path):
         model = load_policy(path, self.device)
-        if self.weight_layout == "decode" and self.device == "cpu":
-            transpose_for_decode(model)
+        if self.weight_layout == "packed" and self.device == "cpu":
+            pack_linears(model)
         if self.shared_attention and not shared_attention.enable(model):
             log.info("hf engine: %s does not attend with SDPA; shared-prefix decode attention off",
                      type(model).__name__)
@@ -391,7 +393,12 @@ class HFEngine:
 
     # -- worker thread ---------------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, model_dir: Path, loaded: concurrent.futures.Future) -> None:
+        try:
+            loaded.set_result(self._load(model_dir))
+        except BaseException as e:  # the constructor raises it
+            loaded.set_exception(e)
+            return
         waiting: deque = deque()  # arrivals in order: jobs, reloads, None (shut down)
         batch: _Batch | None = None
         while True:

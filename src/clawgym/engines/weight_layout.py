@@ -1,54 +1,123 @@
-"""An opt-in storage of the hf engine's linear weights on a CPU, for one-row decode steps (`weight_layout=decode`).
+"""How the hf engine stores its linear weights on a CPU (`weight_layout`): packed for oneDNN, or as loaded.
 
-A decode step multiplies one row per sequence by every weight matrix: a matrix-vector product, bound
-by how fast the weights stream from memory. `nn.Linear` keeps its weight as [out, in] rows, so
-y = W x is a dot product per output. For a matrix with more outputs than inputs (the MLP's gate and
-up projections, the LM head), the same product over the weight stored the other way round, [in, out]
-rows, is a sum of scaled rows, which MKL's fp32 kernel ran faster at one row on the x86-64 machine
-we measured, and slower at 4-8 rows (a GRPO group decoding side by side); for square or narrow
-matrices it gained nothing (docs/results.md, `python3 bench/decode_speed.py --model
-smollm2-135m-instruct`). So the engine keeps the checkpoint's layout unless
-`weight_layout=decode` is asked for (a server that mostly decodes one request at a time).
-`python3 bench/decode_speed.py` runs the engine both ways and prints each weight shape's one-row
-rate in both layouts, so the trade can be checked on another machine.
+A decode step multiplies a handful of rows (one per sequence in the batch) by every weight matrix, so
+it is bound by how fast the weights stream from memory. `nn.Linear` hands its [out, in] weight to the
+BLAS fp32 kernel on every call. For a few rows that kernel streams the weights well below the
+machine's read bandwidth, and worse at 4-8 rows (a GRPO group decoding side by side) than at one:
+on the 2-core x86-64 machine we measured, the rows of a step took longer at 8 rows than 8 separate
+one-row products. oneDNN, which torch ships and uses for its own compiled CPU graphs, can reorder a
+weight once into a blocked layout its kernel reads at full speed for any number of rows, prefill
+chunks included (docs/results.md, `python3 bench/decode_speed.py --model smollm2-135m-instruct`).
 
-`transpose_for_decode` re-stores the weights the rule picks: the parameter becomes a view `Wt.t()`
-of a contiguous [in, out] tensor, so every value, shape and module is unchanged (an `nn.Linear`
-still computes x Wᵀ, which is now x times a contiguous matrix); only the order in which the BLAS
-kernel sums products can differ, which moves logits by float rounding, as batching does. A weight
-tied to the input embeddings (SmolLM2's LM head) is re-stored once and the embedding reads its rows
-from the same tensor, strided. Nothing is copied twice: memory stays what the checkpoint takes.
+`weight_layout=packed` (the default where torch has oneDNN) does that reorder when the engine loads
+or reloads weights: each plain fp32 `nn.Linear` on the CPU, past a size where oneDNN's fixed cost per
+call would outweigh the faster read (`PACK_MIN`, `ONE_ROW_MIN`), keeps its parameter untouched (state dict,
+tied embeddings and anything else that reads the weight see the checkpoint) and gains a packed copy
+its forward multiplies by. The cost is memory: one more copy of the linear weights, the engine's own
+(the trainer loads its model separately). `weight_layout=rows` keeps only the loaded weights, for a
+machine short of memory or a torch built without oneDNN.
+
+Exactness: the packed product sums the same terms in another order, which moves logits by float
+rounding, as batching does; the engine's tests compare its logprobs with the checkpoint's. A forward
+with autograd on (a test scoring through the engine's model) takes the plain path, as packing has
+no backward. If the packed product of a layer does not match the plain one on a probe row (a torch
+build whose oneDNN ops behave differently), the engine unpacks every layer and says so once.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
+log = logging.getLogger(__name__)
 
-def decode_layout_wanted(out_features: int, in_features: int) -> bool:
-    """Whether a weight of this shape streams faster in [in, out] storage for a one-row product."""
-    return out_features > in_features
+WEIGHT_LAYOUTS = ("packed", "rows")
+"""`packed`: each linear weight also held in oneDNN's blocked layout; `rows`: as loaded."""
+
+PACK_ROWS = 8
+"""The row count oneDNN picks its blocked format for: a GRPO group's decode step. The packed weight
+serves any row count (prefill chunks ran faster than the plain path too)."""
+
+PACK_MIN = 1 << 16
+"""Weights with fewer elements stay plain: a oneDNN call costs more than their product saves."""
+
+ONE_ROW_MIN = 1 << 19
+"""A one-row product (batch-1 decode) goes through the packed copy only for weights at least this big:
+below it the call's fixed cost outweighs the faster read. The bench prints each shape's rates."""
 
 
-def transpose_for_decode(model: Any) -> int:
-    """Re-store the weights of `model`'s plain `nn.Linear` layers that `decode_layout_wanted` picks
-    (in place). Returns how many distinct weight tensors were re-stored."""
+@functools.cache
+def _packed_linear_class() -> type:
     import torch
 
-    done: dict[int, torch.nn.Parameter] = {}  # id of the original parameter -> its re-stored one
+    class PackedLinear(torch.nn.Linear):
+        """An `nn.Linear` that multiplies by `packed_weight` (its weight in oneDNN's layout) when no gradient is wanted."""
+
+        packed_weight: Any
+
+        def forward(self, x):
+            if (torch.is_grad_enabled() or x.dtype != self.weight.dtype
+                    or (x.numel() == self.in_features and self.weight.numel() < ONE_ROW_MIN)):
+                return torch.nn.functional.linear(x, self.weight, self.bias)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    return PackedLinear
+
+
+def available() -> bool:
+    """Whether this torch can pack weights for oneDNN (built with it, and the ops are there)."""
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def pack_linears(model: Any) -> int:
+    """Give each plain fp32 `nn.Linear` on the CPU in `model` a oneDNN-packed copy of its weight (in place)
+    and multiply by it; returns how many layers were packed (0 where this torch cannot, logged once)."""
+    import torch
+
+    if not available():
+        log.info("hf engine: this torch has no oneDNN weight packing; linear weights stay as loaded")
+        return 0
+    cls = _packed_linear_class()
+    packed: dict[int, Any] = {}  # id of a weight -> its packed copy (a weight shared by two layers is packed once)
+    layers = []
+    with torch.no_grad():
+        for module in model.modules():
+            w = module.weight if type(module) is torch.nn.Linear else None
+            if w is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.numel() < PACK_MIN:
+                continue  # quantized, adapter, half-precision, GPU and small layers keep their own path
+            if id(w) not in packed:
+                packed[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+            module.packed_weight = packed[id(w)]
+            module.__class__ = cls
+            layers.append(module)
+        if layers and not _agrees(layers[-1]):
+            unpack(model)
+            log.warning("hf engine: oneDNN's packed product disagrees with the plain one on this torch; "
+                        "linear weights stay as loaded")
+            return 0
+    return len(layers)
+
+
+def unpack(model: Any) -> None:
+    """Undo `pack_linears`: every packed layer is a plain `nn.Linear` again, the packed copies freed."""
+    import torch
+
+    cls = _packed_linear_class()
     for module in model.modules():
-        if type(module) is not torch.nn.Linear:  # quantized or adapter layers keep their own layout
-            continue
-        w = module.weight
-        if id(w) in done:
-            module.weight = done[id(w)]
-            continue
-        if not w.is_floating_point() or w.device.type != "cpu" or not decode_layout_wanted(*w.shape) or not w.is_contiguous():
-            continue
-        done[id(w)] = torch.nn.Parameter(w.detach().t().contiguous().t(), requires_grad=w.requires_grad)
-        module.weight = done[id(w)]
-    if done:  # a tied input embedding shares the head's tensor (one copy in memory, as in the checkpoint)
-        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-        if emb is not None and id(emb.weight) in done:
-            emb.weight = done[id(emb.weight)]
-    return len(done)
+        if type(module) is cls:
+            module.__class__ = torch.nn.Linear
+            del module.packed_weight
+
+
+def _agrees(module: Any) -> bool:
+    """Whether the packed product of `module` matches the plain one on a few random rows (float rounding)."""
+    import torch
+
+    x = torch.randn(PACK_ROWS, module.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        plain = torch.nn.functional.linear(x, module.weight, module.bias)
+        got = module(x)
+    return bool(torch.allclose(got, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max())))
