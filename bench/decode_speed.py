@@ -105,7 +105,7 @@ def layout_rates(model_dir: Path) -> list[tuple[tuple[int, int], list[tuple[int,
     import torch
 
     from clawgym.engines.base import load_policy
-    from clawgym.engines.weight_layout import PACK_ROWS, available
+    from clawgym.engines.weight_layout import available, pack, packed_product
 
     model = load_policy(model_dir)
     by_shape: dict[tuple[int, int], list] = {}
@@ -115,16 +115,13 @@ def layout_rates(model_dir: Path) -> list[tuple[tuple[int, int], list[tuple[int,
 
     def rate(ws: list, rows: int, packed: bool) -> float:
         x = torch.randn(rows, ws[0].shape[1])
-        mats = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in ws] if packed else ws
+        mats = [pack(w) for w in ws] if packed else ws
         best = float("inf")
         with torch.inference_mode():
             for _ in range(3):
                 t = time.perf_counter()
                 for w in mats:
-                    if packed:
-                        torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-                    else:
-                        torch.nn.functional.linear(x, w)
+                    packed_product(x, w) if packed else torch.nn.functional.linear(x, w)
                 best = min(best, time.perf_counter() - t)
         return sum(w.numel() * w.element_size() for w in ws) / best / 1e9
 

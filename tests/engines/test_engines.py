@@ -143,6 +143,23 @@ def test_hf_packed_layout_keeps_every_weight_and_serves_what_the_trainer_compute
         HFEngine(tiny_model, weight_layout="columns")
 
 
+def test_the_worker_thread_loads_and_reloads_the_weights(tiny_model, monkeypatch):
+    """Every torch call of the engine, the loads included, runs on its worker thread: one OpenMP pool
+    (docs/engines.md, Threads); a load that fails there is raised by the constructor."""
+    import threading
+
+    from clawgym.engines import hf
+
+    seen, real = [], hf.load_policy
+    monkeypatch.setattr(hf, "load_policy", lambda path, device="cpu": seen.append(threading.current_thread().name) or real(path, device))
+    eng = HFEngine(tiny_model)
+    assert run(eng.reload(tiny_model)) == 1
+    run(eng.close())
+    assert seen == ["clawgym-hf-engine"] * 2
+    with pytest.raises(UserError, match="not a model directory"):
+        HFEngine(tiny_model / "missing")
+
+
 def test_pack_linears_unpacks_where_the_packed_product_disagrees(tiny_model, monkeypatch):
     """A torch whose packed product differs from the plain one (checked on a probe) leaves every layer plain."""
     from clawgym.engines import weight_layout

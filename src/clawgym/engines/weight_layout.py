@@ -3,11 +3,11 @@
 A decode step multiplies a handful of rows (one per sequence in the batch) by every weight matrix, so
 it is bound by how fast the weights stream from memory. `nn.Linear` hands its [out, in] weight to the
 BLAS fp32 kernel on every call. For a few rows that kernel streams the weights well below the
-machine's read bandwidth, and worse at 4-8 rows (a GRPO group decoding side by side) than at one:
-on the 2-core x86-64 machine we measured, the rows of a step took longer at 8 rows than 8 separate
-one-row products. oneDNN, which torch ships and uses for its own compiled CPU graphs, can reorder a
-weight once into a blocked layout its kernel reads at full speed for any number of rows, prefill
-chunks included (docs/results.md, `python3 bench/decode_speed.py --model smollm2-135m-instruct`).
+machine's read bandwidth, and slower still at 4-8 rows (a GRPO group decoding side by side) than at
+one, though both read the same bytes. oneDNN, which torch ships and uses for its own compiled CPU
+graphs, can reorder a weight once into a blocked layout its kernel streams much faster at any number
+of rows, prefill chunks included (docs/results.md, `python3 bench/decode_speed.py --model
+smollm2-135m-instruct`).
 
 `weight_layout=packed` (the default where torch has oneDNN) does that reorder when the engine loads
 or reloads weights: each plain fp32 `nn.Linear` on the CPU, past a size where oneDNN's fixed cost per
@@ -20,7 +20,7 @@ machine short of memory or a torch built without oneDNN.
 Exactness: the packed product sums the same terms in another order, which moves logits by float
 rounding, as batching does; the engine's tests compare its logprobs with the checkpoint's. A forward
 with autograd on (a test scoring through the engine's model) takes the plain path, as packing has
-no backward. If the packed product of a layer does not match the plain one on a probe row (a torch
+no backward. If the packed product of a layer does not match the plain one on probe rows (a torch
 build whose oneDNN ops behave differently), the engine unpacks every layer and says so once.
 """
 
@@ -60,9 +60,23 @@ def _packed_linear_class() -> type:
             if (torch.is_grad_enabled() or x.dtype != self.weight.dtype
                     or (x.numel() == self.in_features and self.weight.numel() < ONE_ROW_MIN)):
                 return torch.nn.functional.linear(x, self.weight, self.bias)
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+            return packed_product(x, self.packed_weight, self.bias)
 
     return PackedLinear
+
+
+def pack(weight: Any) -> Any:
+    """`weight` ([out, in], fp32, CPU) reordered once into oneDNN's blocked layout for `packed_product`."""
+    import torch
+
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
+def packed_product(x: Any, packed: Any, bias: Any = None) -> Any:
+    """x Wᵀ + bias for a weight `pack` reordered: [..., in] -> [..., out], no backward."""
+    import torch
+
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def available() -> bool:
@@ -89,7 +103,7 @@ def pack_linears(model: Any) -> int:
             if w is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.numel() < PACK_MIN:
                 continue  # quantized, adapter, half-precision, GPU and small layers keep their own path
             if id(w) not in packed:
-                packed[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+                packed[id(w)] = pack(w)
             module.packed_weight = packed[id(w)]
             module.__class__ = cls
             layers.append(module)
