@@ -77,6 +77,32 @@ def test_attention_function_falls_back_to_sdpa_without_a_plan():
     torch.testing.assert_close(out2, out, atol=1e-5, rtol=1e-5)
 
 
+def test_a_masked_grouped_query_prefill_reads_the_key_heads_in_place(monkeypatch):
+    """A prefill chunk (several query tokens) under grouped-query attention with a padding mask gives what
+    transformers' SDPA function gives, without its copy of every key/value head (repeat_kv)."""
+    from transformers.integrations import sdpa_attention
+
+    gen = torch.Generator().manual_seed(1)
+    B, hkv, g, T, W, d = 3, 2, 3, 5, 40, 8
+    query = torch.randn(B, hkv * g, T, d, generator=gen)
+    key, value = torch.randn(B, hkv, W, d, generator=gen), torch.randn(B, hkv, W, d, generator=gen)
+    mask = torch.ones(B, 1, T, W, dtype=torch.bool).tril(W - T)  # causal over the chunk, all of the past
+    mask[1, :, :, :7] = False  # a left-padded row
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = g, True
+    want, _ = sdpa_attention.sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+
+    def no_copy(*a, **k):
+        raise AssertionError("repeat_kv called")
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", no_copy)
+    got, _ = sa.shared_decode_attention(module, query, key, value, mask, scaling=0.3)
+    assert got.shape == (B, T, hkv * g, d)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    with pytest.raises(AssertionError, match="repeat_kv"):  # the same call transformers makes copies the heads
+        sdpa_attention.sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+
+
 def test_engine_with_shared_attention_samples_what_it_samples_without(tiny_model):
     """Rows that share a long prompt prefix (a GRPO group, two tasks of one harness) decode through the split,
     and sample the same ids with the same logprobs as the engine without it; a late row joins the running batch."""

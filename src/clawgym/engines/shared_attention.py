@@ -27,7 +27,8 @@ How it reaches the layers: the name IMPLEMENTATION is registered in transformers
 to the model's forward as keyword `PLAN_KWARG`, which transformers hands down to every attention
 call. A call without a plan (prefill, a batch that shares too little), a query longer than one token,
 or a layer with its own rules (sliding window, logit soft-capping, attention sinks, dropout) goes to
-transformers' own SDPA function unchanged.
+transformers' own SDPA function unchanged, with one exception, `masked_gqa_prefill`: a prefill
+with a padding mask under grouped-query attention.
 """
 
 from __future__ import annotations
@@ -117,10 +118,30 @@ def attend(query: Any, key: Any, value: Any, p: SharedPrefix, scaling: float) ->
     return out.reshape(B, 1, H, -1)
 
 
+def masked_gqa_prefill(query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None) -> Any:
+    """Attention of a prefill chunk under grouped-query attention with a padding mask, through torch's SDPA
+    with `enable_gqa`: query [B, H, T, D], key/value [B, Hkv, W, D], mask [B, 1, T, W] → [B, T, H, D].
+
+    transformers' SDPA function copies every key/value head g times first (`repeat_kv`) whenever a mask
+    is given. The engine always gives one (rows are left-padded), and a harness call's prefill is a few
+    hundred new tokens over thousands of cached ones, so that copy of the whole cache, per layer and
+    per chunk, costs more than the attention itself. torch reads the shared heads in place; the result
+    is the same computation (tests/engines/test_shared_attention.py)."""
+    import torch
+
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                                           enable_gqa=True)
+    return out.transpose(1, 2).contiguous()
+
+
 def shared_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """transformers attention function: `attend` for a planned decode step, stock SDPA otherwise."""
+    """transformers attention function: `attend` for a planned decode step, `masked_gqa_prefill` for a masked
+    grouped-query prefill, stock SDPA otherwise."""
     p: SharedPrefix | None = kwargs.pop(PLAN_KWARG, None)
     special = any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "s_aux", "position_bias"))
+    if (p is None and not special and not dropout and query.shape[2] > 1 and attention_mask is not None
+            and key.shape[1] < query.shape[1] and key.shape[-1] == value.shape[-1] and not kwargs.get("output_attentions")):
+        return masked_gqa_prefill(query, key, value, attention_mask, scaling), None
     if p is None or special or dropout or query.shape[2] != 1 or key.shape[0] != query.shape[0]:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
