@@ -161,7 +161,8 @@ def test_the_worker_thread_loads_and_reloads_the_weights(tiny_model, monkeypatch
 
 
 def test_pack_linears_unpacks_where_the_packed_product_disagrees(tiny_model, monkeypatch):
-    """A torch whose packed product differs from the plain one (checked on a probe) leaves every layer plain."""
+    """A torch whose packed product differs from the plain one (checked on a probe), or whose oneDNN refuses a
+    weight, leaves every layer plain."""
     from clawgym.engines import weight_layout
     from clawgym.engines.base import load_policy
 
@@ -172,6 +173,14 @@ def test_pack_linears_unpacks_where_the_packed_product_disagrees(tiny_model, mon
     assert weight_layout.pack_linears(model) == 0
     assert all(type(m) is torch.nn.Linear and not hasattr(m, "packed_weight")
                for m in model.modules() if isinstance(m, torch.nn.Linear))
+    monkeypatch.undo()
+
+    def refuse(weight):
+        raise RuntimeError("could not create a primitive descriptor")
+
+    monkeypatch.setattr(weight_layout, "pack", refuse)  # oneDNN refusing a weight: same, no error
+    assert weight_layout.pack_linears(model) == 0
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
     monkeypatch.undo()
     assert weight_layout.pack_linears(model) > 0
 

@@ -102,8 +102,14 @@ def pack_linears(model: Any) -> int:
             w = module.weight if type(module) is torch.nn.Linear else None
             if w is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.numel() < PACK_MIN:
                 continue  # quantized, adapter, half-precision, GPU and small layers keep their own path
-            if id(w) not in packed:
-                packed[id(w)] = pack(w)
+            try:
+                if id(w) not in packed:
+                    packed[id(w)] = pack(w)
+            except RuntimeError as e:  # a shape or build oneDNN refuses: the whole model stays plain
+                unpack(model)
+                log.warning("hf engine: oneDNN could not pack a %s weight (%s); linear weights stay as loaded",
+                            tuple(w.shape), str(e).splitlines()[0] if str(e) else type(e).__name__)
+                return 0
             module.packed_weight = packed[id(w)]
             module.__class__ = cls
             layers.append(module)
