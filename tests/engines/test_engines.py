@@ -104,7 +104,7 @@ def test_hf_packed_layout_keeps_every_weight_and_serves_what_the_trainer_compute
     from clawgym.model import init_model
 
     if not available():
-        pytest.skip("this torch has no oneDNN weight packing")
+        pytest.skip("this torch was built without oneDNN weight packing (the fallback is tested in the next test)")
     ref = load_policy(tiny_model)
     eng = HFEngine(tiny_model)
     for (name, w), (_, r) in zip(eng.model.named_parameters(remove_duplicate=False), ref.named_parameters(remove_duplicate=False)):
@@ -161,14 +161,18 @@ def test_the_worker_thread_loads_and_reloads_the_weights(tiny_model, monkeypatch
 
 
 def test_pack_linears_unpacks_where_the_packed_product_disagrees(tiny_model, monkeypatch):
-    """A torch whose packed product differs from the plain one (checked on a probe), or whose oneDNN refuses a
-    weight, leaves every layer plain."""
+    """A torch without oneDNN packing, one whose packed product differs from the plain one (checked on a probe),
+    or one whose oneDNN refuses a weight, leaves every layer plain."""
     from clawgym.engines import weight_layout
     from clawgym.engines.base import load_policy
 
-    if not weight_layout.available():
-        pytest.skip("this torch has no oneDNN weight packing")
     model = load_policy(tiny_model)
+    with monkeypatch.context() as m:  # a torch without oneDNN packing (checked on every machine): plain layers
+        m.setattr(weight_layout, "available", lambda: False)
+        assert weight_layout.pack_linears(model) == 0
+        assert all(type(x) is torch.nn.Linear for x in model.modules() if isinstance(x, torch.nn.Linear))
+    if not weight_layout.available():
+        pytest.skip("this torch was built without oneDNN weight packing: the packing paths below cannot run")
     monkeypatch.setattr(weight_layout, "_agrees", lambda module: False)
     assert weight_layout.pack_linears(model) == 0
     assert all(type(m) is torch.nn.Linear and not hasattr(m, "packed_weight")

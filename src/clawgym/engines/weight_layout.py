@@ -2,12 +2,12 @@
 
 A decode step multiplies a handful of rows (one per sequence in the batch) by every weight matrix, so
 it is bound by how fast the weights stream from memory. `nn.Linear` hands its [out, in] weight to the
-BLAS fp32 kernel on every call. For a few rows that kernel streams the weights well below the
-machine's read bandwidth, and slower still at 4-8 rows (a GRPO group decoding side by side) than at
-one, though both read the same bytes. oneDNN, which torch ships and uses for its own compiled CPU
-graphs, can reorder a weight once into a blocked layout its kernel streams much faster at any number
-of rows, prefill chunks included (docs/results.md, `python3 bench/decode_speed.py --model
-smollm2-135m-instruct`).
+BLAS fp32 kernel on every call, and for a few rows (one decode step, or a GRPO group decoding side
+by side) that kernel streams the weights below the machine's read bandwidth. oneDNN, which torch
+ships and uses for its own compiled CPU graphs, can reorder a weight once into a blocked layout its
+kernel streams faster at any number of rows, prefill chunks included (the bench prints each weight
+shape's rate at 1 and 8 rows, plain and packed: docs/results.md, `python3 bench/decode_speed.py
+--model smollm2-135m-instruct`).
 
 `weight_layout=packed` (the default where torch has oneDNN) does that reorder when the engine loads
 or reloads weights: each plain fp32 `nn.Linear` on the CPU, past a size where oneDNN's fixed cost per
