@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -166,18 +167,24 @@ def test_proxy_sigkill_mid_rollout_then_restart(tmp_path: Path, tiny_model: Path
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path):
-    """A 64 KiB tmpfs (needs mount rights, e.g. root); skipped with the reason otherwise."""
-    mnt = tmp_path / "small"
+@contextlib.contextmanager
+def _tmpfs(mnt: Path, size: str):
+    """A tmpfs of `size` at `mnt` (needs mount rights, e.g. root); skips the test with the reason otherwise."""
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()[:200]} (the injected-ENOSPC test covers this)")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A 64 KiB tmpfs."""
+    with _tmpfs(tmp_path / "small", "64k") as mnt:
+        yield mnt
 
 
 def _fill(path: Path) -> None:
@@ -309,6 +316,36 @@ def test_engine_error_storm_retries_recorded_and_dropped_by_build_trees(tmp_path
         kept_model = [n for n in tree.nodes if n.kept and n.kind == "model"]
         ok_outputs = sum(len(c.output_ids) for c in mine if c.status == "ok")
         assert sum(len(n.token_ids) for n in kept_model) == ok_outputs
+
+
+# The tiny model's checkpoint is about 8 MB: 2.6 MB of weights, then 5.2 MB of AdamW moments. On a
+# 10 MiB filesystem the second checkpoint runs out in safetensors' weights, on 13 MiB in torch.save's.
+@pytest.mark.parametrize("size,writer", [("10m", "weights"), ("13m", "optimizer")])
+def test_a_checkpoint_on_a_full_disk_is_one_clear_error_and_the_previous_one_stays(tmp_path: Path, tiny_model: Path,
+                                                                                      size: str, writer: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clawgym.train import checkpoint as C
+
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model)
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-3)
+    lm(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()  # moments exist: optimizer.pt is twice the weights
+    state = lambda n: C.TrainerState(algo="grpo", epochs=1, epochs_done=1, updates_done=n, complete=True, rollout_ids=[])
+    with _tmpfs(tmp_path / "fs", size) as fs:
+        out = fs / "ckpt"
+        C.save_checkpoint(out, lm=lm, tokenizer_dir=tiny_model, optimizer=opt, state=state(1), config={"v": 1})
+        v1 = {f.name: f.read_bytes() for f in out.iterdir()}
+        with pytest.raises(A.ArtifactError) as e:
+            C.save_checkpoint(fs / "ckpt-2", lm=lm, tokenizer_dir=tiny_model, optimizer=opt, state=state(2), config={"v": 2})
+        message = str(e.value)
+        assert "\n" not in message and message.startswith(f"{fs / 'ckpt-2'}: could not be written: no space left on device")
+        cause = e.value.__cause__  # safetensors quotes the OS error; torch's zip writer has no errno, only a failed write
+        assert ("No space left" in str(cause)) == (writer == "weights"), repr(cause)
+        assert sorted(p.name for p in fs.iterdir()) == ["ckpt"]  # the partial files are gone
+        assert {f.name: f.read_bytes() for f in out.iterdir()} == v1
+        assert C.load_state(out).updates_done == 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,11 +14,13 @@ Saving is atomic: everything is written to a sibling temp directory, then swappe
 The previous checkpoint is moved aside (`NAME.old-PID`) for the instant between the two renames;
 `recover` puts it back if a kill lands exactly there, so some complete checkpoint is always
 loadable. A kill at any other moment leaves only a `.tmp-` directory, which is ignored and removed.
+A full disk is reported as one `ArtifactError` naming the checkpoint; the previous one is unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -29,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from clawgym.artifacts import umask_modes, write_config
+from clawgym.artifacts import ArtifactError, umask_modes, write_config
 from clawgym.errors import UserError
 from clawgym.train.lora import ADAPTER_DIR
 from clawgym.train.value import VALUE_DIR
@@ -37,6 +39,9 @@ from clawgym.train.value import VALUE_DIR
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 BATCH_FILE = "batch_state.pt"
+LOW_SPACE = 256 << 20
+"""A write that fails with less than this free on its filesystem is taken for a full disk: torch's
+zip writer reports one as a RuntimeError with no errno ("unexpected pos", "file write failed")."""
 
 
 @dataclass
@@ -111,8 +116,13 @@ def save_checkpoint(
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         umask_modes(tmp)  # mkdtemp made it 0700: the checkpoint takes the umask's modes, as any output
-    except BaseException:
+    except BaseException as e:
+        full = _no_space(e, tmp)  # measured before the partial files are removed
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise ArtifactError(out, None, f"could not be written: no space left on device "
+                                           f"({shutil.disk_usage(out.parent).free >> 20} MiB free once the partial "
+                                           f"files were removed); any previous checkpoint there is unchanged") from e
         raise
     old = out.parent / f"{out.name}.old-{os.getpid()}"
     if out.exists():
@@ -120,6 +130,14 @@ def save_checkpoint(
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _no_space(e: BaseException, where: Path) -> bool:
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e):
+        return True  # an OSError, or safetensors' own error quoting the OS message
+    writer = isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(
+        m in str(e) for m in ("PytorchStreamWriter", "inline_container", "unexpected pos", "write failed")))
+    return writer and shutil.disk_usage(where).free < LOW_SPACE
 
 
 def _state_dict(optimizer: torch.optim.Optimizer | dict) -> dict:
