@@ -81,7 +81,10 @@ def _timed(run: RunLayout, stage: M.Phase, works: bool = True):
     of the run that did it)."""
     t0 = time.perf_counter()
     peak_memory.reset()
-    yield
+    try:
+        yield
+    finally:
+        peak_memory.release()  # what the stage freed leaves the process before the next one
     if not works:
         return
     path = run.cold_start_seconds

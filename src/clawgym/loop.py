@@ -187,6 +187,7 @@ def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages
         work()
         times[which.key] = time.monotonic() - t
         times[which.peak_key] = peak_memory.peak_gib()
+        peak_memory.release()  # what the phase freed leaves the process before the next one
 
     train_values: dict[str, float] | None = None  # None: trained before a resume, its train/ figures are in train.jsonl
     engine_values: dict[str, float] = {}

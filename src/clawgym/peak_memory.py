@@ -7,10 +7,18 @@ process in `clawgym run`, so the figure is what they held together at the phase'
 (harness subprocesses are not in it). Where the reset is not allowed (another OS, a locked-down
 /proc), the figure is the process's peak since it started (`ru_maxrss`), which still names the phase
 in which the run's peak was reached: the first phase whose figure equals the run's largest.
+
+`release` hands the heap memory freed by a phase back to the OS. glibc's malloc keeps freed blocks
+below its mmap threshold in the process, and a training phase frees many such blocks (activations,
+the model and optimizer it loaded): without a trim the next phase starts with them still resident,
+and the engine's allocations land between them, so the resident size grows from step to step.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import resource
 import sys
 from pathlib import Path
@@ -45,3 +53,22 @@ def peak_gib() -> float:
         return hwm / GIB
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB  # bytes on macOS, KiB elsewhere
+
+
+@functools.cache
+def _libc_trim():
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release() -> bool:
+    """Return the heap's free memory to the OS (glibc `malloc_trim(0)`, every arena); False where the C
+    library has no such call (musl, macOS), which leaves the memory as it is."""
+    trim = _libc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
