@@ -127,7 +127,8 @@ def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) 
     teacher_tasks = r.sft.tasks_per_step or len(list((r.sft.tasks or r.rollout.tasks).iterdir()))
     assert r.sft.n * teacher_tasks * len(harnesses) == 96  # SFT trajectories
     assert r.rollout.tasks_per_step * len(harnesses) * r.rollout.n == 24  # rollouts a GRPO step
-    assert (r.run.steps, r.eval.every, r.eval.n, r.train["lr"], r.sft.lr) == (3, 3, 1, 2e-5, 1e-4)
+    assert (r.sft.epochs, r.sft.minibatches, r.sft.lr) == (1, 4, 1e-4)  # the short cold start: 4 updates
+    assert (r.run.steps, r.eval.every, r.eval.n, r.train["lr"]) == (10, 5, 1, 2e-5)
     options = r.rollout.harness_options
     assert set(options) == set(harnesses) and all(o["max_tokens"] == 48 for o in options.values())
     if "claude-code" in harnesses:  # the one-line system prompt (bare, its default) and four tools
