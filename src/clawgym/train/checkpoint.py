@@ -137,7 +137,10 @@ def _no_space(e: BaseException, where: Path) -> bool:
         return True  # an OSError, or safetensors' own error quoting the OS message
     writer = isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(
         m in str(e) for m in ("PytorchStreamWriter", "inline_container", "unexpected pos", "write failed")))
-    return writer and shutil.disk_usage(where).free < LOW_SPACE
+    try:
+        return writer and shutil.disk_usage(where).free < LOW_SPACE
+    except OSError:  # the folder itself is gone: the original error says more
+        return False
 
 
 def _state_dict(optimizer: torch.optim.Optimizer | dict) -> dict:
