@@ -25,8 +25,6 @@ def test_a_phase_peak_sees_its_own_allocation_and_a_reset_forgets_it():
 
 
 RELEASE = """
-import subprocess
-import sys
 from clawgym import peak_memory
 rss = lambda: peak_memory.status_bytes("VmRSS") / 2**20
 blocks = [bytearray(8192) for _ in range(40_000)]  # about 320 MiB of heap blocks below the mmap threshold

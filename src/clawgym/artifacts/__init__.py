@@ -27,7 +27,7 @@ from clawgym.artifacts.codec import (
     link_bases,
     materialize_prompts,
 )
-from clawgym.artifacts.files import atomic_write_bytes, fsync_dir, process_umask, umask_modes
+from clawgym.artifacts.files import atomic_write_bytes, fsync_dir, no_space, process_umask, umask_modes
 from clawgym.artifacts.jsonl import JsonlRead, JsonlWriter, TornLine, read_jsonl, read_transcripts, rows_from_dicts
 from clawgym.artifacts.metrics_jsonl import METRIC_PREFIXES, MetricsLine, append_metrics, read_metrics
 from clawgym.artifacts.redact import SECRET_KEYS, redact, write_config
@@ -55,7 +55,7 @@ __all__ = [
     "ROLLOUT_STATUSES", "ROW_TYPES", "SCHEMA_VERSION", "SECRET_KEYS", "ArtifactError", "CallRecord", "JsonlRead",
     "JsonlWriter", "MetricsLine", "PromptBase", "PromptDelta", "RolloutRecord", "Row", "TornLine", "Transcript",
     "TranscriptMessage", "TranscriptToolCall", "TreeNode", "append_metrics", "atomic_write_bytes", "check_base_len",
-    "common_prefix", "delta_encode_calls", "encode_prompt", "extended_call", "file_kind", "fsync_dir",
+    "common_prefix", "delta_encode_calls", "encode_prompt", "extended_call", "file_kind", "fsync_dir", "no_space",
     "link_bases", "materialize_prompts", "process_umask", "read_arrow", "read_jsonl", "read_metrics", "read_table",
     "read_table_rows", "read_transcripts", "redact", "rows_from_dicts", "to_arrow", "umask_modes", "write_config",
     "write_table",

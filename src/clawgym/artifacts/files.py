@@ -2,13 +2,35 @@
 
 A file is written to a temp file in the same folder, fsync'd, renamed over the target, and the folder
 fsync'd. Temp files are made private (mkstemp) and then given the modes an ordinary open() would.
+`no_space` tells a write that failed for want of disk space, so writers can say so in one line.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+
+LOW_SPACE = 256 << 20
+"""A write that fails with less than this free on its filesystem is taken for a full disk: some
+writers report one with no errno (torch's zip writer: a RuntimeError, "unexpected pos")."""
+
+
+def no_space(e: BaseException, where: str | os.PathLike | None = None) -> bool:
+    """Whether `e`, raised by a write, means the disk is full: ENOSPC or EDQUOT, a message quoting the
+    OS's "No space left" (pyarrow, safetensors), or, given the folder `where` written to, an OSError or
+    RuntimeError while that filesystem has under LOW_SPACE free."""
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e):
+        return True
+    if where is None or not isinstance(e, (OSError, RuntimeError)):
+        return False
+    try:
+        return shutil.disk_usage(where).free < LOW_SPACE
+    except OSError:  # the folder itself is gone: the original error says more
+        return False
 
 
 def fsync_dir(path: Path) -> None:

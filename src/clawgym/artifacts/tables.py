@@ -8,7 +8,6 @@ and the field.
 
 from __future__ import annotations
 
-import errno
 import os
 import tempfile
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from clawgym.artifacts.files import fsync_dir, umask_modes
+from clawgym.artifacts.files import fsync_dir, no_space, umask_modes
 from clawgym.artifacts.rows import ENUM_FIELDS, REQUIRED_FIELDS, SCHEMA_VERSION, ArtifactError, Row, field_default
 
 
@@ -49,8 +48,7 @@ def write_table(path: str | os.PathLike, rows: Sequence[Row] | pa.Table, row_typ
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        # pyarrow's IO errors carry no errno, only the OS message
-        if isinstance(e, OSError) and (e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)):
+        if no_space(e):  # pyarrow's IO errors carry no errno, only the OS message
             raise ArtifactError(path, None, "could not be written: no space left on device; "
                                             "any previous file is unchanged") from e
         raise

@@ -20,7 +20,6 @@ A full disk is reported as one `ArtifactError` naming the checkpoint; the previo
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from clawgym.artifacts import ArtifactError, umask_modes, write_config
+from clawgym.artifacts import ArtifactError, no_space, umask_modes, write_config
 from clawgym.errors import UserError
 from clawgym.train.lora import ADAPTER_DIR
 from clawgym.train.value import VALUE_DIR
@@ -39,9 +38,6 @@ from clawgym.train.value import VALUE_DIR
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 BATCH_FILE = "batch_state.pt"
-LOW_SPACE = 256 << 20
-"""A write that fails with less than this free on its filesystem is taken for a full disk: torch's
-zip writer reports one as a RuntimeError with no errno ("unexpected pos", "file write failed")."""
 
 
 @dataclass
@@ -117,7 +113,7 @@ def save_checkpoint(
                     os.fsync(fh.fileno())
         umask_modes(tmp)  # mkdtemp made it 0700: the checkpoint takes the umask's modes, as any output
     except BaseException as e:
-        full = _no_space(e, tmp)  # measured before the partial files are removed
+        full = no_space(e, tmp)  # measured before the partial files are removed
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise ArtifactError(out, None, f"could not be written: no space left on device "
@@ -130,17 +126,6 @@ def save_checkpoint(
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
     return out
-
-
-def _no_space(e: BaseException, where: Path) -> bool:
-    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e):
-        return True  # an OSError, or safetensors' own error quoting the OS message
-    writer = isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(
-        m in str(e) for m in ("PytorchStreamWriter", "inline_container", "unexpected pos", "write failed")))
-    try:
-        return writer and shutil.disk_usage(where).free < LOW_SPACE
-    except OSError:  # the folder itself is gone: the original error says more
-        return False
 
 
 def _state_dict(optimizer: torch.optim.Optimizer | dict) -> dict:
