@@ -96,6 +96,34 @@ def test_claude_code_and_codex_limits_for_a_slow_engine(tmp_path: Path) -> None:
             HARNESSES[name](**bad)
 
 
+def test_codex_slim_config(tmp_path: Path) -> None:
+    import tomllib
+
+    from clawgym.errors import UserError
+
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    plain = HARNESSES["codex"]().launch("x", ws, home, EP).files
+    assert set(plain) == {".codex/config.toml"}
+    plain_config = tomllib.loads(plain[".codex/config.toml"])
+    launch = HARNESSES["codex"](slim=True, max_tokens=48).launch("x", ws, home, EP)
+    slim = tomllib.loads(launch.files[".codex/config.toml"])
+    # the built-in instructions replaced by a one-line file in Codex's own home, the workspace named in it
+    assert slim["model_instructions_file"] == str(home / ".codex" / "instructions.md")
+    assert launch.files[".codex/instructions.md"] == f"CWD: {ws}\n" and launch.env["CODEX_HOME"] == str(home / ".codex")
+    assert (slim["include_permissions_instructions"], slim["include_environment_context"]) == (False, False)
+    assert slim["skills"] == {"include_instructions": False}
+    assert slim["features"] == plain_config["features"] | {"view_image": False}
+    assert slim["tools"] == {"experimental_request_user_input": {"enabled": False}}
+    # the rest is the plain config: the same provider (with the max_tokens header), approvals and limits
+    rest = {k: v for k, v in slim.items() if k not in ("model_instructions_file", "include_permissions_instructions",
+                                                       "include_environment_context", "skills", "features", "tools")}
+    assert rest["model_providers"]["clawgym"]["http_headers"] == {"x-clawgym-max-tokens": "48"}
+    rest["model_providers"]["clawgym"].pop("http_headers")
+    assert rest == {k: v for k, v in plain_config.items() if k != "features"}
+    with pytest.raises(UserError, match="codex option 'slim' must be true or false, got 'yes'"):
+        HARNESSES["codex"](slim="yes")
+
+
 def test_openclaw_slim_config(tmp_path: Path) -> None:
     from clawgym.errors import UserError
 

@@ -1,8 +1,9 @@
 """The real harnesses with the real model: Claude Code and Codex run a toy task against the hf engine
 serving SmolLM2-135M-Instruct (its own template, the json-list tool parser), and a prompt longer
 than the model's window ends each of them as a scored harness_error naming the overflow. OpenClaw
-with its `slim` option sends a first prompt that fits SmolLM2's window, with scripted answers
-written in SmolLM2's tool-call form (the scripted engine, SmolLM2's tokenizer and template).
+and Codex with their `slim` option send a first prompt that fits SmolLM2's window (Codex's a
+fraction of its installed one), with scripted answers written in SmolLM2's tool-call form (the
+scripted engine, SmolLM2's tokenizer and template).
 
 The answers may be poor; what must hold is the plumbing. Each rollout ends without `infra_error`,
 every call the harness made is recorded with the engine's own ids and logprobs, and a later call
@@ -112,28 +113,33 @@ def smollm2_call(name: str, **args) -> str:
     return f"<tool_call>[{json.dumps({'name': name, 'arguments': args})}]</tool_call>"
 
 
+def grep_task_rollout(harness: str, answers: list[str], model: Path, tmp_path: Path) -> list[A.CallRecord]:
+    """One rollout of a task whose answer is a key found with grep, the model's turns scripted; its
+    calls, in order, after asserting that the rollout scored 1 in as many calls as `answers`."""
+    check = ("import json, sys, pathlib\nf = pathlib.Path(sys.argv[1]) / 'answer.txt'\n"
+             "print(json.dumps({'answer': f.exists() and f.read_text().strip() == 'marmalade'}))\n")
+    task = make_task(tmp_path / "tasks", "grep", "Find the key in data.txt and write it to answer.txt.", 420, check=check)
+    (task / "workspace" / "data.txt").write_text(f"noise\n{SECRET}\nmore noise\n")
+    script = tmp_path / "script.jsonl"
+    script.write_text("".join(json.dumps({"rollout_id": f"grep.{harness}.0", "text": t}) + "\n" for t in answers))
+    config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=[harness], out=tmp_path / "out", model=model,
+                           engine="scripted", engine_options={"script": str(script)}, harness_options={harness: {"slim": True}})
+    run_rollouts(config)
+    (r,) = A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)
+    assert (r.status, r.reward, r.n_calls) == ("ok", 1.0, len(answers)), r  # grep ran, its answer was written
+    calls = sorted(A.materialize_prompts(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord)), key=lambda c: c.seq)
+    assert all((c.status, c.role) == ("ok", "main") for c in calls), [(c.status, c.role, c.error) for c in calls]
+    return calls
+
+
 def test_openclaw_slim_fits_smollm2_and_keeps_its_shell_and_write_tools(smollm2_model: Path, tmp_path: Path) -> None:
     skip_unless_installed("openclaw")
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_model)
-    check = ("import json, sys, pathlib\nf = pathlib.Path(sys.argv[1]) / 'answer.txt'\n"
-             "print(json.dumps({'answer': f.exists() and f.read_text().strip() == 'marmalade'}))\n")
-    task = make_task(tmp_path / "tasks", "grep", "Find the key in data.txt and write it to answer.txt.", 420, check=check)
-    (task / "workspace" / "data.txt").write_text(f"noise\n{SECRET}\nmore noise\n")
-    rid = "grep.openclaw.0"
     answers = [smollm2_call("exec", command="grep key: data.txt"),
                smollm2_call("write", path="answer.txt", content="marmalade"), "Done: wrote answer.txt"]
-    script = tmp_path / "script.jsonl"
-    script.write_text("".join(json.dumps({"rollout_id": rid, "text": t}) + "\n" for t in answers))
-    config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["openclaw"], out=tmp_path / "out", model=smollm2_model,
-                           engine="scripted", engine_options={"script": str(script)}, harness_options={"openclaw": {"slim": True}})
-    run_rollouts(config)
-
-    (r,) = A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)
-    assert (r.status, r.reward, r.n_calls) == ("ok", 1.0, 3), r  # grep ran, its answer was written
-    calls = sorted(A.materialize_prompts(A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord)), key=lambda c: c.seq)
-    assert all((c.status, c.role) == ("ok", "main") for c in calls), [(c.status, c.role, c.error) for c in calls]
+    calls = grep_task_rollout("openclaw", answers, smollm2_model, tmp_path)
     first = calls[0]
     assert len(first.prompt_ids) < SLIM_BOUND, len(first.prompt_ids)
     assert {"exec", "write"} <= set(first.tool_names) and "tool_search" not in first.tool_names, first.tool_names
@@ -145,3 +151,27 @@ def test_openclaw_slim_fits_smollm2_and_keeps_its_shell_and_write_tools(smollm2_
     for prev, cur in zip(calls, calls[1:]):
         seq = prev.prompt_ids + prev.output_ids
         assert cur.prompt_ids[: len(seq)] == seq and cur.render_mode == "incremental", cur.seq
+
+
+# Codex's slim first prompt: a one-line instructions file, two tools and the task; as installed its
+# instructions alone are ~17k characters (about 4k SmolLM2 tokens)
+CODEX_SLIM_BOUND = 1500
+
+
+def test_codex_slim_sends_a_short_prompt_and_keeps_its_shell_tool(smollm2_model: Path, tmp_path: Path) -> None:
+    skip_unless_installed("codex")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_model)
+    answers = [smollm2_call("exec_command", cmd="grep key: data.txt"),
+               smollm2_call("exec_command", cmd="printf '%s' marmalade > answer.txt"), "Done: wrote answer.txt"]
+    calls = grep_task_rollout("codex", answers, smollm2_model, tmp_path)
+    first = calls[0]
+    assert len(first.prompt_ids) < CODEX_SLIM_BOUND, len(first.prompt_ids)
+    assert sorted(first.tool_names) == ["exec_command", "write_stdin"], first.tool_names
+    text = tok.decode(first.prompt_ids)
+    assert "Find the key in data.txt" in text and "CWD: /" in text
+    for absent in ("You are a coding agent running in the Codex CLI", "<skills_instructions>", "<permissions instructions>",
+                   "<environment_context>"):
+        assert absent not in text, absent
+    assert SECRET in tok.decode(calls[1].prompt_ids)  # the grep's output came back as the tool result

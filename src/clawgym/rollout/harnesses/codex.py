@@ -4,6 +4,12 @@ From driving the real binary (docs/harnesses.md, "codex"): Codex speaks only the
 a per-run `$CODEX_HOME/config.toml` names the proxy as a model provider, turns approvals and the
 sandbox off (the rollout's own sandbox isolates it), and turns off plugins, analytics, feedback,
 multi-agent tools and web search, so it connects to nothing but the proxy.
+
+As installed, its first prompt is about 6k tokens, most of it the built-in instructions (~17k
+characters). `slim` replaces them, through documented config keys, with a one-line instructions file
+naming the working folder (as Claude Code's `bare` does), and leaves out what a rollout does not use:
+the skills list, the permissions and environment-context messages, and the `request_user_input` and
+`view_image` tools. `exec_command` and `write_stdin` stay (docs/harnesses.md, "codex").
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 from pathlib import Path
 
 from clawgym.artifacts import Transcript
+from clawgym.errors import UserError
 from clawgym.rollout.harnesses import npm
 from clawgym.proxy.types import MAX_TOKENS_HEADER
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_option, classify_by_tools, exit_text, json_lines
@@ -48,6 +55,21 @@ enabled = false
 [features]
 plugins = false
 goals = false
+{slim_features}"""
+
+# what `slim` adds: the tables above take its first lines, so it opens with the [features] keys
+SLIM = """\
+view_image = false
+[skills]
+include_instructions = false
+[tools]
+experimental_request_user_input = { enabled = false }
+"""
+# the root keys `slim` sets; TOML wants them before the first table
+SLIM_ROOT = """\
+model_instructions_file = "{instructions}"
+include_permissions_instructions = false
+include_environment_context = false
 """
 
 
@@ -56,22 +78,30 @@ class Codex(npm.NpmHarness):
     protocol = "openai-responses"
     package, bin_name, title = PACKAGE, "codex", f"Codex {VERSION}"
 
-    def __init__(self, context_window: int = 32768, retries: int = 2, idle_timeout_s: int = 600, max_tokens: int | None = None):
+    def __init__(self, context_window: int = 32768, retries: int = 2, idle_timeout_s: int = 600, max_tokens: int | None = None,
+                 slim: bool = False):
         for key, value, low in (("context_window", context_window, 1), ("retries", retries, 0), ("idle_timeout_s", idle_timeout_s, 1)):
             check_option(self.name, key, value, int, low)
         if max_tokens is not None:
             check_option(self.name, "max_tokens", max_tokens, int, 1)
+        if not isinstance(slim, bool):
+            raise UserError(f"{self.name} option 'slim' must be true or false, got {slim!r}")
         self.context_window, self.retries, self.idle_timeout_s = context_window, retries, idle_timeout_s
-        self.max_tokens = max_tokens
-
+        self.max_tokens, self.slim = max_tokens, slim
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
         config = CONFIG.format(model=endpoint.model, base_url=endpoint.base_url.rstrip("/"), context_window=self.context_window,
-                               retries=self.retries, idle_ms=self.idle_timeout_s * 1000, headers=self._headers())
+                               retries=self.retries, idle_ms=self.idle_timeout_s * 1000, headers=self._headers(),
+                               slim_features=SLIM if self.slim else "")
+        files = {".codex/config.toml": config}
+        if self.slim:
+            instructions = home / ".codex" / "instructions.md"
+            files[".codex/config.toml"] = SLIM_ROOT.format(instructions=instructions) + config
+            files[".codex/instructions.md"] = f"CWD: {workspace}\n"
         argv = [str(self.binary()), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(workspace),
                 "--dangerously-bypass-approvals-and-sandbox", instruction]
         env = {"CODEX_HOME": str(home / ".codex"), "CLAWGYM_API_KEY": endpoint.api_key}
-        return Launch(argv=argv, env=env, files={".codex/config.toml": config})
+        return Launch(argv=argv, env=env, files=files)
 
     def _headers(self) -> str:
         # Codex sends no max_output_tokens and has no setting for it: the proxy caps each call by
