@@ -40,7 +40,7 @@ OPTIONS=(--engine hf --chat-template smollm2-tools
          --harness-option claude-code.max_tokens=48
          --harness-option claude-code.tools=Bash,Read,Write,Edit
          --harness-option codex.max_tokens=48 --harness-option codex.idle_timeout_s=1800
-         --harness-option codex.context_window=8192
+         --harness-option codex.context_window=8192 --harness-option codex.slim=true
          --harness-option openclaw.slim=true --harness-option openclaw.max_tokens=48
          --harness-option openclaw.timeout_s=1800)
 

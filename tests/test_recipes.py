@@ -133,8 +133,8 @@ def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) 
     assert set(options) == set(harnesses) and all(o["max_tokens"] == 48 for o in options.values())
     if "claude-code" in harnesses:  # the one-line system prompt (bare, its default) and four tools
         assert options["claude-code"]["bare"] is True and options["claude-code"]["tools"] == "Bash,Read,Write,Edit"
-    if "codex" in harnesses:
-        assert options["codex"]["context_window"] == 8192
+    if "codex" in harnesses:  # a one-line instructions file and the shell tools
+        assert options["codex"]["context_window"] == 8192 and options["codex"]["slim"] is True
     if "openclaw" in harnesses:  # no skills list, workspace files or memory plugin; exec, read, write, edit
         assert options["openclaw"]["slim"] is True and "tools" not in options["openclaw"]
 
