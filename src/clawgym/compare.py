@@ -30,6 +30,7 @@ import orjson
 from rich.console import Console
 
 from clawgym import artifacts as A
+from clawgym import peak_memory
 from clawgym.errors import UserError
 from clawgym.eval import report_from_rollouts
 
@@ -105,6 +106,7 @@ def compare(policies: dict[str, Path], config, out: Path, console: Console, *, f
         console.print(f"compare: policy {i}/{len(policies)} {name} ({cfg.model}) in {', '.join(config.harnesses)}", markup=False)
         summary = run_rollouts(cfg, console)
         cells += cells_of(name, summary.rollouts, list(config.harnesses))
+        peak_memory.release()  # the policy's engine is gone: its freed heap leaves before the next one loads
     write_table(cells, out)
     return cells
 
