@@ -58,6 +58,22 @@ def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> Non
     assert cold_start_line(sft) == "step 0 (SFT cold start)  teacher reward 1.000  sft loss 2.500 → 0.500  pass@1 0.100 → 0.800"
 
 
+def test_a_steps_engine_figures_are_the_counters_differences_around_its_rollouts() -> None:
+    from clawgym.metrics import engine_values
+
+    before = {"prompt_tokens": 1000.0, "prompt_tokens_cached": 600.0, "prompt_tokens_computed": 400.0,
+              "prefill_seconds": 5.0, "decode_seconds": 10.0, "decode_tokens": 100.0}
+    after = {"prompt_tokens": 3000.0, "prompt_tokens_cached": 2400.0, "prompt_tokens_computed": 600.0,
+             "prefill_seconds": 8.0, "decode_seconds": 30.0, "decode_tokens": 500.0}
+    assert engine_values(before, after) == pytest.approx({
+        "proxy/prefix_hit_rate": 0.9, "proxy/prompt_computed_share": 0.1,  # of the step's 2,000 prompt tokens
+        "proxy/prefill_s": 3.0, "proxy/decode_s": 20.0, "proxy/decode_tok_s": 20.0})  # 400 tokens in 20 s
+    # no prompt sent: no shares; no decode forward: no speed; an engine without the counters: nothing
+    idle = engine_values(after, {**after, "prefill_seconds": 9.0})
+    assert idle == {"proxy/prefill_s": 1.0, "proxy/decode_s": 0.0}
+    assert engine_values({}, {}) == {}
+
+
 def test_the_run_layout_names_every_path_once(tmp_path: Path) -> None:
     run = RunLayout(tmp_path / "r")
     s = run.step(3)
@@ -222,6 +238,8 @@ def test_a_run_prints_one_line_per_step_and_feeds_every_sink(tmp_path: Path) -> 
         # the hf engine's prefix cache: two samples of a task share their prompt, so some of it is served
         hit, computed = m.values["proxy/prefix_hit_rate"], m.values["proxy/prompt_computed_share"]
         assert 0 < hit < 1 and hit + computed >= 1 - 1e-9, (hit, computed)
+        # and how long its forwards took: the rollouts prefilled and decoded
+        assert m.values["proxy/prefill_s"] > 0 and m.values["proxy/decode_s"] > 0 and m.values["proxy/decode_tok_s"] > 0
     acc = EventAccumulator(str(run.tensorboard))
     acc.Reload()
     # TensorBoard stores scalars as float32, so the value matches to float32 precision, not to 6 decimals

@@ -10,7 +10,7 @@ keys those of `trees.stats`; `FAMILIES` says which prefix each module owns, and
 Aggregation. `step_values` makes a step's line from the step's folder: `rollout_values` from
 rollouts.parquet and calls.parquet, `trees_values` from the line build-trees wrote, `train_values`
 from train.jsonl reduced by `train.step_metrics.reduce_updates`; the loop adds the engine's
-prefix-cache figures (`engine_values`) and the phase times (`PHASES`). `clawgym inspect` of a run
+prefix-cache figures and forward times (`engine_values`) and the phase times (`PHASES`). `clawgym inspect` of a run
 chained from the shell makes the same line from the same files; `cold_start_values` makes the
 step-0 line of an [sft] cold start.
 
@@ -48,6 +48,12 @@ PREFIX_HIT_RATE = "proxy/prefix_hit_rate"
 """share of the step's prompt tokens whose keys and values the engine's prefix cache served (docs/engines.md)"""
 PROMPT_COMPUTED_SHARE = "proxy/prompt_computed_share"
 """share of the step's prompt tokens the engine ran a forward over (1.0 without a cache)"""
+PREFILL_SECONDS = "proxy/prefill_s"
+"""seconds of the engine's prompt forwards during the step's rollouts"""
+DECODE_SECONDS = "proxy/decode_s"
+"""seconds of its decode steps during them"""
+DECODE_TOKENS_PER_S = "proxy/decode_tok_s"
+"""tokens its decode steps sampled per second of decode: the engine's decode speed over the step"""
 EVAL = "eval/"
 """prefix of the keys of an evaluation (`eval.EvalReport.metrics`, each key under it)"""
 PASS_AT_1 = "eval/pass@1"
@@ -65,11 +71,12 @@ EVAL_BASE = "eval/base/"
 
 ROLLOUT_KEYS = (ROLLOUTS, REWARD_MEAN, REWARD_STD, INFRA_ERRORS, TIMEOUTS, RESPONSE_LENGTH_MEAN, RESPONSE_LENGTH_MAX,
                 TURNS_MEAN, TURNS_MAX)
-PROXY_KEYS = (PREFIX_HIT_RATE, PROMPT_COMPUTED_SHARE)
+PROXY_KEYS = (PREFIX_HIT_RATE, PROMPT_COMPUTED_SHARE, PREFILL_SECONDS, DECODE_SECONDS, DECODE_TOKENS_PER_S)
 COLD_START_KEYS = (TEACHER_N, TEACHER_REWARD_MEAN, SFT_LOSS_FIRST, SFT_LOSS_LAST)
 
-ENGINE_COUNTERS = ("prompt_tokens", "prompt_tokens_cached", "prompt_tokens_computed")
-"""the engine's cumulative prompt-token counters (its /admin/engine stats) that `engine_values` reads"""
+ENGINE_COUNTERS = ("prompt_tokens", "prompt_tokens_cached", "prompt_tokens_computed", "prefill_seconds", "decode_seconds",
+                   "decode_tokens")
+"""the engine's cumulative counters (its /admin/engine stats) that `engine_values` reads"""
 
 
 @dataclass(frozen=True)
@@ -190,13 +197,20 @@ def _response_lengths(sdir: StepLayout, rollout_ids: list[str]) -> list[int]:
 
 
 def engine_values(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """A step's prefix-cache figures from the engine's `ENGINE_COUNTERS` around its rollouts
-    (docs/engines.md); {} when the engine reports none."""
+    """A step's prefix-cache figures and forward times from the engine's `ENGINE_COUNTERS` around its
+    rollouts (docs/engines.md); only those the engine reports ({} for an engine with none)."""
+    def delta(key: str) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    values: dict[str, float] = {}
     sent = after.get("prompt_tokens", 0.0) - before.get("prompt_tokens", 0.0)
-    if sent <= 0 or "prompt_tokens_cached" not in after:
-        return {}
-    return {PREFIX_HIT_RATE: (after["prompt_tokens_cached"] - before.get("prompt_tokens_cached", 0.0)) / sent,
-            PROMPT_COMPUTED_SHARE: (after["prompt_tokens_computed"] - before.get("prompt_tokens_computed", 0.0)) / sent}
+    if sent > 0 and "prompt_tokens_cached" in after:
+        values |= {PREFIX_HIT_RATE: delta("prompt_tokens_cached") / sent, PROMPT_COMPUTED_SHARE: delta("prompt_tokens_computed") / sent}
+    if "prefill_seconds" in after and "decode_seconds" in after:
+        values |= {PREFILL_SECONDS: delta("prefill_seconds"), DECODE_SECONDS: delta("decode_seconds")}
+        if values[DECODE_SECONDS] > 0 and "decode_tokens" in after:
+            values[DECODE_TOKENS_PER_S] = delta("decode_tokens") / values[DECODE_SECONDS]
+    return values
 
 
 def trees_values(sdir: StepLayout) -> dict[str, float]:
