@@ -67,7 +67,7 @@ experimental_request_user_input = { enabled = false }
 """
 # the root keys `slim` sets; TOML wants them before the first table
 SLIM_ROOT = """\
-model_instructions_file = "{instructions}"
+model_instructions_file = {instructions}
 include_permissions_instructions = false
 include_environment_context = false
 """
@@ -96,7 +96,7 @@ class Codex(npm.NpmHarness):
         files = {".codex/config.toml": config}
         if self.slim:
             instructions = home / ".codex" / "instructions.md"
-            files[".codex/config.toml"] = SLIM_ROOT.format(instructions=instructions) + config
+            files[".codex/config.toml"] = SLIM_ROOT.format(instructions=json.dumps(str(instructions))) + config  # a TOML string
             files[".codex/instructions.md"] = f"CWD: {workspace}\n"
         argv = [str(self.binary()), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(workspace),
                 "--dangerously-bypass-approvals-and-sandbox", instruction]
