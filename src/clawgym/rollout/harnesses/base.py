@@ -111,6 +111,12 @@ def check_option(harness: str, key: str, value, kind, low: float, strict: bool =
         raise UserError(f"{harness} option '{key}' must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
 
 
+def check_flag(harness: str, key: str, value) -> None:
+    """An adapter's on/off option, or a UserError naming it (a recipe's "yes" or 1 is not a flag)."""
+    if not isinstance(value, bool):
+        raise UserError(f"{harness} option '{key}' must be true or false, got {value!r}")
+
+
 def classify_by_tools(tool_names: list[str], main_tool_names: list[str]) -> str:
     """The common rule: no tools → an auxiliary call (titles, summaries of text); tools other than
     the main agent's → a subagent (harnesses give subagents their own tool sets); else main."""

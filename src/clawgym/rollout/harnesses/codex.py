@@ -18,10 +18,9 @@ import json
 from pathlib import Path
 
 from clawgym.artifacts import Transcript
-from clawgym.errors import UserError
 from clawgym.rollout.harnesses import npm
 from clawgym.proxy.types import MAX_TOKENS_HEADER
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_option, classify_by_tools, exit_text, json_lines
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_flag, check_option, classify_by_tools, exit_text, json_lines
 from clawgym.rollout.transcript import from_codex_events, proxy_or
 
 VERSION = "0.171.0"
@@ -84,20 +83,17 @@ class Codex(npm.NpmHarness):
             check_option(self.name, key, value, int, low)
         if max_tokens is not None:
             check_option(self.name, "max_tokens", max_tokens, int, 1)
-        if not isinstance(slim, bool):
-            raise UserError(f"{self.name} option 'slim' must be true or false, got {slim!r}")
+        check_flag(self.name, "slim", slim)
         self.context_window, self.retries, self.idle_timeout_s = context_window, retries, idle_timeout_s
         self.max_tokens, self.slim = max_tokens, slim
 
     def launch(self, instruction: str, workspace: Path, home: Path, endpoint: Endpoint) -> Launch:
-        config = CONFIG.format(model=endpoint.model, base_url=endpoint.base_url.rstrip("/"), context_window=self.context_window,
-                               retries=self.retries, idle_ms=self.idle_timeout_s * 1000, headers=self._headers(),
-                               slim_features=SLIM if self.slim else "")
-        files = {".codex/config.toml": config}
-        if self.slim:
-            instructions = home / ".codex" / "instructions.md"
-            files[".codex/config.toml"] = SLIM_ROOT.format(instructions=json.dumps(str(instructions))) + config  # a TOML string
-            files[".codex/instructions.md"] = f"CWD: {workspace}\n"
+        instructions = home / ".codex" / "instructions.md"
+        root = SLIM_ROOT.format(instructions=json.dumps(str(instructions))) if self.slim else ""  # json.dumps: a TOML string
+        config = root + CONFIG.format(model=endpoint.model, base_url=endpoint.base_url.rstrip("/"), context_window=self.context_window,
+                                      retries=self.retries, idle_ms=self.idle_timeout_s * 1000, headers=self._headers(),
+                                      slim_features=SLIM if self.slim else "")
+        files = {".codex/config.toml": config} | ({".codex/instructions.md": f"CWD: {workspace}\n"} if self.slim else {})
         argv = [str(self.binary()), "exec", "--json", "--skip-git-repo-check", "--ephemeral", "-C", str(workspace),
                 "--dangerously-bypass-approvals-and-sandbox", instruction]
         env = {"CODEX_HOME": str(home / ".codex"), "CLAWGYM_API_KEY": endpoint.api_key}

@@ -22,7 +22,7 @@ from pathlib import Path
 from clawgym.artifacts import Transcript
 from clawgym.errors import UserError
 from clawgym.rollout.harnesses import npm
-from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_option, classify_by_tools, exit_text
+from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_flag, check_option, classify_by_tools, exit_text
 from clawgym.rollout.transcript import from_proxy
 
 VERSION = "2026.9.6"
@@ -45,8 +45,7 @@ class OpenClaw(npm.NpmHarness):
                  tools: str | None = None):
         for key, value in (("context_window", context_window), ("max_tokens", max_tokens), ("timeout_s", timeout_s)):
             check_option(self.name, key, value, int, 1)
-        if not isinstance(slim, bool):
-            raise UserError(f"{self.name} option 'slim' must be true or false, got {slim!r}")
+        check_flag(self.name, "slim", slim)
         self.context_window, self.max_tokens, self.timeout_s, self.slim = context_window, max_tokens, timeout_s, slim
         self.tools = _tool_list(tools if tools is not None else SLIM_TOOLS if slim else None)
         """the tools OpenClaw may offer, or None for its own set"""
