@@ -252,8 +252,11 @@ def test_training_with_a_step_prefix_equals_training_without_shared_prefixes(tin
         got[share] = {**load_file(out / "model.safetensors"),
                       **({f"value.{k}": v for k, v in load_file(out / "value" / "model.safetensors").items()} if algo == "ppo" else {})}
         forwarded[share] = read_jsonl(tmp_path / f"{share}.jsonl").records[-1]["train/tokens_forwarded"]
-    # Adam moves a weight by about lr whatever its gradient's size, so a wrong gradient shows as a difference of
-    # ~1e-3; fp32 summation order in a near-zero gradient moves the odd weight by a few 1e-5.
+    # Adam moves a weight by about lr whatever its gradient's size (g / (|g| + eps)), so a wrong gradient moves
+    # whole rows and columns by ~1e-3. fp32 summation order changes a gradient within a few eps of zero enough to
+    # move that one weight by ~1e-4, on some machines: so the test counts weights off by more than a tenth of lr,
+    # and allows one in a thousand of each tensor. (The gradients themselves are compared to 1e-5 above.)
     for k, w in got[False].items():
-        torch.testing.assert_close(got[True][k], w, atol=1e-4, rtol=0)
+        off = int(((got[True][k] - w).abs() > 1e-4).sum())
+        assert off <= w.numel() // 1000, f"{k}: {off} of {w.numel()} weights differ by more than 1e-4"
     assert forwarded[True] < forwarded[False] - 4 * 80  # the 80-token prompt once instead of once per rollout
