@@ -4,6 +4,7 @@
     python3 bench/harness_engine.py --model smollm2-135m-instruct --requests DIR
     python3 bench/harness_engine.py --model smollm2-135m-instruct --requests DIR --harness claude-code \\
         --tasks 1 --rollouts 2 --calls 4                           # a reduced run
+    python3 bench/harness_engine.py --calls-from RUN/step-0005     # a run's recorded step, replayed
 
 The first call of each rollout is a real harness request (`--requests DIR` holds captured
 `claude-code.requests.jsonl` / `codex.requests.jsonl`, one JSON request per line with its `body`),
@@ -15,6 +16,14 @@ calls: call k+1's prompt is call k's prompt + the ids the engine sampled + a too
 (`<tool_response>` in a ChatML user turn, what TITO gives for the shipped ChatML templates), so the
 shapes are exact: prompts grow by what was sampled and returned, and groups share their first call.
 Without `--requests` the short captured requests in `tests/fixtures/harness_transcripts.json` are used.
+
+`--calls-from STEP` replays a step a run recorded (STEP/calls.parquet) instead: each call's prompt is
+the recorded prompt, token for token, and its `max_tokens` the number of tokens the run sampled (the
+model's end-of-turn token can end it sooner); each rollout's calls go in their order, the step's
+`concurrency` rollouts at a time (its rollout.config.json). A row `recorded` is the same calls as
+the run timed them, with the harnesses, sandboxes and trainer around the engine: against the
+engine alone it says how much of a slow step was the engine's own work. The model is `--model`, or
+the run's model-init (the speed of a forward does not depend on the weights).
 
 Each mode runs in its own process (so peak RSS and thread settings are its own), on the same
 schedule: `nocache` (the hf engine, `prefix_cache=false`, the baseline), `cache` (the default hf
@@ -39,6 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from clawgym.layout import RunLayout
 from clawgym.pretrained import model_by_name
 
 import results_md  # bench/results_md.py: --write-results
@@ -96,6 +106,63 @@ def tool_result(h: str, task: int, rollout: int, call: int) -> str:
     return f"$ ls -la  (exit 0, {h})\n" + "\n".join(lines)
 
 
+def recorded_calls(step: Path) -> tuple[list[dict], int]:
+    """The step's calls in rollout and call order (prompt ids as sent, tokens sampled, latency), and its concurrency."""
+    from clawgym.artifacts import ArtifactError, CallRecord
+    from clawgym.artifacts.codec import materialize_prompts
+    from clawgym.artifacts.tables import read_table
+    from clawgym.layout import StepLayout
+
+    layout = StepLayout(step)
+    try:
+        calls = materialize_prompts(read_table(layout.calls, CallRecord), layout.calls)
+    except (ArtifactError, OSError) as e:
+        sys.exit(f"error: --calls-from {step}: {e}")
+    config = layout.rollout_config
+    concurrency = json.loads(config.read_text()).get("concurrency", 8) if config.exists() else 8
+    start = {}
+    for c in calls:
+        start[c.rollout_id] = min(start.get(c.rollout_id, c.started_at), c.started_at)
+    calls.sort(key=lambda c: (start[c.rollout_id], c.rollout_id, c.seq))
+    return [{"rollout_id": c.rollout_id, "seq": c.seq, "prompt_ids": list(c.prompt_ids), "sampled": len(c.output_ids),
+             "latency": c.finished_at - c.started_at, "started": c.started_at - start[c.rollout_id],
+             "finished": c.finished_at} for c in calls], int(concurrency)
+
+
+def recorded_result(recorded: list[dict]) -> dict:
+    """The run's own timings of the calls, in the shape a mode's result has (no engine stats or RSS)."""
+    rollouts = sorted({c["rollout_id"] for c in recorded})
+    calls = [{"harness": "recorded", "task": rollouts.index(c["rollout_id"]), "rollout": 0, "call": i,
+              "prompt": len(c["prompt_ids"]), "latency": c["latency"], "ids": [], "logprobs": [],
+              "rollout_wall": c["started"] + c["latency"]} for i, c in enumerate(recorded)]
+    t0 = min(c["finished"] - c["latency"] for c in recorded)
+    return {"calls": calls, "stats": {}, "rss": float("nan"), "wall": max(c["finished"] for c in recorded) - t0}
+
+
+async def replay_recorded(engine, recorded: list[dict], concurrency: int) -> list[dict]:
+    """Each recorded rollout's calls in order, `concurrency` rollouts at a time, in the order the run started them."""
+    from clawgym.engines import Sampling
+
+    by: dict[str, list[dict]] = {}
+    for c in recorded:
+        by.setdefault(c["rollout_id"], []).append(c)
+    names, calls, slots = list(by), [], asyncio.Semaphore(concurrency)
+
+    async def rollout(task: int, cs: list[dict]) -> None:
+        async with slots:
+            start = time.perf_counter()
+            for i, c in enumerate(cs):
+                t0 = time.perf_counter()
+                g = await engine.generate(c["prompt_ids"], Sampling(max_tokens=max(1, c["sampled"]), temperature=1.0,
+                                                                    seed=1000 * task + i), c["rollout_id"])
+                calls.append({"harness": "recorded", "task": task, "rollout": 0, "call": i, "prompt": len(c["prompt_ids"]),
+                              "latency": time.perf_counter() - t0, "ids": g.output_ids, "logprobs": g.output_logprobs,
+                              "rollout_wall": time.perf_counter() - start})
+
+    await asyncio.gather(*[rollout(t, by[n]) for t, n in enumerate(names)])
+    return calls
+
+
 # -- one mode, in its own process -------------------------------------------------------------------
 
 
@@ -137,13 +204,16 @@ def child(a) -> None:
 
     path = Path(a.model_path)
     firsts = json.loads(Path(a.prompts).read_text())
-    opts = {"hf": {"prefix_cache": a.mode == "cache", "max_batch": max(8, a.rollouts)}, "vllm": {}}
+    opts = {"hf": {"prefix_cache": a.mode == "cache", "max_batch": max(8, a.rollouts, a.concurrency or 0)}, "vllm": {}}
     if a.threads:
         opts["hf"]["threads"] = a.threads
     engine = make_engine("vllm" if a.mode == "vllm" else "hf", EngineConfig(path, opts["vllm" if a.mode == "vllm" else "hf"]))
     tok = AutoTokenizer.from_pretrained(path)
     t0 = time.perf_counter()
-    calls = asyncio.run(replay(engine, tok, firsts, a))
+    if a.calls_from:
+        calls = asyncio.run(replay_recorded(engine, firsts["recorded"], a.concurrency))
+    else:
+        calls = asyncio.run(replay(engine, tok, firsts, a))
     wall = time.perf_counter() - t0
     stats = engine.stats() if hasattr(engine, "stats") else {}
     asyncio.run(engine.close())
@@ -222,6 +292,8 @@ def main() -> int:
     ap.add_argument("--full-claude-code", action="store_true", help="Claude Code's own system prompt and tools")
     ap.add_argument("--vllm", action="store_true", help="also run vLLM (needs .venv-vllm/)")
     ap.add_argument("--small", action="store_true", help="tiny model, short prompts; checks cached == cold; < 30 s")
+    ap.add_argument("--calls-from", type=Path, metavar="STEP", help="replay a run's recorded step (STEP/calls.parquet)")
+    ap.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
@@ -233,14 +305,28 @@ def main() -> int:
     if a.small:
         a.model, a.requests, a.tasks, a.rollouts, a.calls, a.max_tokens = None, None, 2, 2, 3, 8
     harnesses = [h.strip() for h in a.harness.split(",") if h.strip()]
+    if a.calls_from and a.small:
+        sys.exit("error: --calls-from replays a recorded step; --small runs the built-in shapes: give one")
     with tempfile.TemporaryDirectory() as tmp:
-        path = model_by_name(a.model, Path(tmp))
-        firsts = render_first_prompts(path, first_requests(a.requests, harnesses, a.full_claude_code), a.tasks)
+        if a.calls_from:
+            step = a.calls_from.parent if a.calls_from.suffix == ".parquet" else a.calls_from
+            recorded, a.concurrency = recorded_calls(step)
+            init = RunLayout(step.parent).model_init
+            if a.model is None and not init.exists():
+                sys.exit(f"error: --calls-from {a.calls_from}: no {init}; name the model with --model")
+            path = model_by_name(a.model, Path(tmp)) if a.model else init
+            firsts = {"recorded": recorded}
+            print(f"model {path.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; {step}: "
+                  f"{len({c['rollout_id'] for c in recorded})} rollouts, {len(recorded)} calls, {a.concurrency} rollouts at once, "
+                  f"{sum(c['sampled'] for c in recorded):,} tokens sampled in the run", flush=True)
+        else:
+            path = model_by_name(a.model, Path(tmp))
+            firsts = render_first_prompts(path, first_requests(a.requests, harnesses, a.full_claude_code), a.tasks)
+            print(f"model {path.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+                  + "; ".join(f"{h}: first prompts {', '.join(str(len(p)) for p in ps)} tokens" for h, ps in firsts.items())
+                  + f"; {a.tasks} tasks x {a.rollouts} rollouts x {a.calls} calls, {a.max_tokens} tokens each", flush=True)
         prompts = Path(tmp) / "prompts.json"
         prompts.write_text(json.dumps(firsts))
-        print(f"model {path.name}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-              + "; ".join(f"{h}: first prompts {', '.join(str(len(p)) for p in ps)} tokens" for h, ps in firsts.items())
-              + f"; {a.tasks} tasks x {a.rollouts} rollouts x {a.calls} calls, {a.max_tokens} tokens each", flush=True)
         modes = ["nocache", "cache"] + (["vllm"] if a.vllm else [])
         results = {}
         for mode in modes:
@@ -255,9 +341,12 @@ def main() -> int:
                 continue
             cmd = [python, __file__, "--mode", mode, "--model-path", str(path), "--prompts", str(prompts), "--out", str(out),
                    "--tasks", str(a.tasks), "--rollouts", str(a.rollouts), "--calls", str(a.calls),
-                   "--max-tokens", str(a.max_tokens)] + (["--threads", str(a.threads)] if a.threads else [])
+                   "--max-tokens", str(a.max_tokens)] + (["--threads", str(a.threads)] if a.threads else []) \
+                + (["--calls-from", str(a.calls_from), "--concurrency", str(a.concurrency)] if a.calls_from else [])
             subprocess.run(cmd, check=True)
             results[mode] = json.loads(out.read_text())
+    if a.calls_from:
+        results["recorded"] = recorded_result(firsts["recorded"])
     print(table({m: summary(r) for m, r in results.items()}))
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     bad = same_samples(results["nocache"], results["cache"])

@@ -23,3 +23,49 @@ def test_bench_small_mode_runs(bench: Path, tmp_path: Path) -> None:
                           timeout=600)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
 
+
+
+def _recorded_step(run: Path) -> Path:
+    """A run folder with the tiny model as its model-init and one step of 3 rollouts x 2 calls, the second call
+    of each delta-encoded against the first (as the proxy records them)."""
+    from clawgym.artifacts import CallRecord, write_table
+    from clawgym.artifacts.codec import delta_encode_calls
+    from clawgym.layout import RunLayout
+    from clawgym.model import init_model
+
+    layout = RunLayout(run)
+    init_model(layout.model_init, seed=0, size="tiny")
+    calls, t = [], 1000.0
+    for r in range(3):
+        first = list(range(10, 50)) + [60 + r]
+        out = [70 + r, 71, 72]
+        second = first + out + list(range(80, 90))
+        for seq, (prompt, sampled) in enumerate([(first, out), (second, [73, 74])]):
+            calls.append(CallRecord(f"r{r}", f"r{r}-c{seq}", seq, "openai-chat", "m", t, t + 2.0, prompt, sampled,
+                                    [-1.0] * len(sampled), "stop", 0))
+            t += 3.0
+    step = layout.step(1).path
+    write_table(step / "calls.parquet", delta_encode_calls(calls), CallRecord)
+    (step / "rollout.config.json").write_text('{"concurrency": 2}')
+    return step
+
+
+@pytest.mark.slow
+def test_harness_engine_replays_a_recorded_step_beside_the_runs_own_timings(tmp_path: Path) -> None:
+    """`--calls-from STEP`: the step's exact prompts through the engine without and with the prefix cache (same
+    samples), and a `recorded` row of the run's own latencies; a folder without calls is one line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    bench = [sys.executable, str(ROOT / "bench" / "harness_engine.py"), "--calls-from"]
+    step = _recorded_step(tmp_path / "run")
+    proc = subprocess.run(bench + [str(step)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "3 rollouts, 6 calls, 2 rollouts at once, 15 tokens sampled in the run" in proc.stdout
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
+    assert {"nocache", "cache", "recorded"} <= set(rows)
+    assert rows["recorded"].split("|")[2].strip() == "6"  # the calls
+    cells = [c.strip() for c in rows["recorded"].split("|")]
+    assert cells[4].startswith("2.00 ") and cells[-2].startswith("17.0 ")  # each call took 2 s; first start to last end
+    assert "same ids, logprobs within 1e-4 on every call" in proc.stdout
+    bad = subprocess.run(bench + [str(tmp_path / "nowhere")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().startswith("error: --calls-from") and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
