@@ -118,6 +118,8 @@ def recorded_calls(step: Path) -> tuple[list[dict], int]:
         calls = materialize_prompts(read_table(layout.calls, CallRecord), layout.calls)
     except (ArtifactError, OSError) as e:
         sys.exit(f"error: --calls-from {step}: {e}")
+    if not calls:
+        sys.exit(f"error: --calls-from {step}: {layout.calls} holds no calls")
     config = layout.rollout_config
     concurrency = json.loads(config.read_text()).get("concurrency", 8) if config.exists() else 8
     start = {}
