@@ -408,8 +408,10 @@ def _check_commands(commands: dict[str, list[str]]) -> dict[str, str]:
     bad, benches = {}, {}
     for key, argv in commands.items():
         paths = [a for a in argv if re.match(r"(bench|recipes|tests|scripts)/", a)]
-        # a run folder, recipes/runs/NAME, is what `clawgym run recipes/NAME.toml` writes (git ignores it)
-        made = [a for a in paths if (m := re.fullmatch(r"recipes/runs/([\w.-]+)/?", a)) and (ROOT / "recipes" / f"{m[1]}.toml").exists()]
+        # a run folder, recipes/runs/NAME, and its step folders, recipes/runs/NAME/step-NNNN, are what
+        # `clawgym run recipes/NAME.toml` writes (git ignores them)
+        made = [a for a in paths if (m := re.fullmatch(r"recipes/runs/([\w.-]+)(/step-\d{4})?/?", a))
+                and (ROOT / "recipes" / f"{m[1]}.toml").exists()]
         if missing := [a for a in paths if a not in made and not (ROOT / a).exists()]:
             bad[key] = f"no such file: {missing}"
         elif argv[:1] == ["python3"] and argv[1:2] and argv[1].startswith("bench/") and argv[1].endswith(".py"):
