@@ -24,7 +24,6 @@ def test_bench_small_mode_runs(bench: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
 
 
-
 def _recorded_step(run: Path) -> Path:
     """A run folder with the tiny model as its model-init and one step of 3 rollouts x 2 calls, the second call
     of each delta-encoded against the first (as the proxy records them)."""
