@@ -107,11 +107,15 @@ def tool_result(h: str, task: int, rollout: int, call: int) -> str:
 
 
 def recorded_calls(step: Path) -> tuple[list[dict], int]:
-    """The step's calls in rollout and call order (prompt ids as sent, tokens sampled, latency), and its concurrency."""
+    """The step's calls in rollout and call order (prompt ids as sent, tokens sampled, the run's timestamps), and
+    how many rollouts it ran at once (its rollout.config.json, else RolloutConfig's default)."""
+    import dataclasses
+
     from clawgym.artifacts import ArtifactError, CallRecord
     from clawgym.artifacts.codec import materialize_prompts
     from clawgym.artifacts.tables import read_table
     from clawgym.layout import StepLayout
+    from clawgym.rollout.config import RolloutConfig
 
     layout = StepLayout(step)
     try:
@@ -120,25 +124,26 @@ def recorded_calls(step: Path) -> tuple[list[dict], int]:
         sys.exit(f"error: --calls-from {step}: {e}")
     if not calls:
         sys.exit(f"error: --calls-from {step}: {layout.calls} holds no calls")
+    default = next(f.default for f in dataclasses.fields(RolloutConfig) if f.name == "concurrency")
     config = layout.rollout_config
-    concurrency = json.loads(config.read_text()).get("concurrency", 8) if config.exists() else 8
-    start = {}
+    concurrency = json.loads(config.read_text()).get("concurrency", default) if config.exists() else default
+    start: dict[str, float] = {}
     for c in calls:
         start[c.rollout_id] = min(start.get(c.rollout_id, c.started_at), c.started_at)
     calls.sort(key=lambda c: (start[c.rollout_id], c.rollout_id, c.seq))
-    return [{"rollout_id": c.rollout_id, "seq": c.seq, "prompt_ids": list(c.prompt_ids), "sampled": len(c.output_ids),
-             "latency": c.finished_at - c.started_at, "started": c.started_at - start[c.rollout_id],
-             "finished": c.finished_at} for c in calls], int(concurrency)
+    return [{"rollout_id": c.rollout_id, "prompt_ids": list(c.prompt_ids), "sampled": len(c.output_ids),
+             "started_at": c.started_at, "finished_at": c.finished_at, "rollout_start": start[c.rollout_id]}
+            for c in calls], int(concurrency)
 
 
 def recorded_result(recorded: list[dict]) -> dict:
     """The run's own timings of the calls, in the shape a mode's result has (no engine stats or RSS)."""
-    rollouts = sorted({c["rollout_id"] for c in recorded})
-    calls = [{"harness": "recorded", "task": rollouts.index(c["rollout_id"]), "rollout": 0, "call": i,
-              "prompt": len(c["prompt_ids"]), "latency": c["latency"], "ids": [], "logprobs": [],
-              "rollout_wall": c["started"] + c["latency"]} for i, c in enumerate(recorded)]
-    t0 = min(c["finished"] - c["latency"] for c in recorded)
-    return {"calls": calls, "stats": {}, "rss": float("nan"), "wall": max(c["finished"] for c in recorded) - t0}
+    task = {r: i for i, r in enumerate(dict.fromkeys(c["rollout_id"] for c in recorded))}
+    calls = [{"harness": "recorded", "task": task[c["rollout_id"]], "rollout": 0, "call": i, "prompt": len(c["prompt_ids"]),
+              "latency": c["finished_at"] - c["started_at"], "ids": [], "logprobs": [],
+              "rollout_wall": c["finished_at"] - c["rollout_start"]} for i, c in enumerate(recorded)]
+    wall = max(c["finished_at"] for c in recorded) - min(c["started_at"] for c in recorded)
+    return {"calls": calls, "stats": {}, "rss": float("nan"), "wall": wall}
 
 
 async def replay_recorded(engine, recorded: list[dict], concurrency: int) -> list[dict]:
