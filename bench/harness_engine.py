@@ -139,9 +139,12 @@ def recorded_calls(step: Path) -> tuple[list[dict], int]:
 def recorded_result(recorded: list[dict]) -> dict:
     """The run's own timings of the calls, in the shape a mode's result has (no engine stats or RSS)."""
     task = {r: i for i, r in enumerate(dict.fromkeys(c["rollout_id"] for c in recorded))}
-    calls = [{"harness": "recorded", "task": task[c["rollout_id"]], "rollout": 0, "call": i, "prompt": len(c["prompt_ids"]),
-              "latency": c["finished_at"] - c["started_at"], "ids": [], "logprobs": [],
-              "rollout_wall": c["finished_at"] - c["rollout_start"]} for i, c in enumerate(recorded)]
+    calls, made = [], dict.fromkeys(task, 0)  # each rollout's calls so far: `call` counts within its rollout
+    for c in recorded:
+        calls.append({"harness": "recorded", "task": task[c["rollout_id"]], "rollout": 0, "call": made[c["rollout_id"]],
+                      "prompt": len(c["prompt_ids"]), "latency": c["finished_at"] - c["started_at"], "ids": [], "logprobs": [],
+                      "rollout_wall": c["finished_at"] - c["rollout_start"]})
+        made[c["rollout_id"]] += 1
     wall = max(c["finished_at"] for c in recorded) - min(c["started_at"] for c in recorded)
     return {"calls": calls, "stats": {}, "rss": float("nan"), "wall": wall}
 

@@ -26,7 +26,7 @@ def test_bench_small_mode_runs(bench: Path, tmp_path: Path) -> None:
 
 def _recorded_step(run: Path) -> Path:
     """A run folder with the tiny model as its model-init and one step of 3 rollouts x 2 calls, the second call
-    of each delta-encoded against the first (as the proxy records them)."""
+    of each delta-encoded against the first (as the proxy records them); rollout r's first call takes 2 + r s."""
     from clawgym.artifacts import CallRecord, write_table
     from clawgym.artifacts.codec import delta_encode_calls
     from clawgym.layout import RunLayout
@@ -39,10 +39,10 @@ def _recorded_step(run: Path) -> Path:
         first = list(range(10, 50)) + [60 + r]
         out = [70 + r, 71, 72]
         second = first + out + list(range(80, 90))
-        for seq, (prompt, sampled) in enumerate([(first, out), (second, [73, 74])]):
-            calls.append(CallRecord(f"r{r}", f"r{r}-c{seq}", seq, "openai-chat", "m", t, t + 2.0, prompt, sampled,
+        for seq, (prompt, sampled, took) in enumerate([(first, out, 2.0 + r), (second, [73, 74], 1.0)]):
+            calls.append(CallRecord(f"r{r}", f"r{r}-c{seq}", seq, "openai-chat", "m", t, t + took, prompt, sampled,
                                     [-1.0] * len(sampled), "stop", 0))
-            t += 3.0
+            t += 5.0
     step = layout.step(1).path
     write_table(step / "calls.parquet", delta_encode_calls(calls), CallRecord)
     (step / "rollout.config.json").write_text('{"concurrency": 2}')
@@ -63,7 +63,8 @@ def test_harness_engine_replays_a_recorded_step_beside_the_runs_own_timings(tmp_
     assert {"nocache", "cache", "recorded"} <= set(rows)
     assert rows["recorded"].split("|")[2].strip() == "6"  # the calls
     cells = [c.strip() for c in rows["recorded"].split("|")]
-    assert cells[4].startswith("2.00 ") and cells[-2].startswith("17.0 ")  # each call took 2 s; first start to last end
+    # first calls took 2, 3 and 4 s, second calls 1 s; each rollout 5 + 1 s; the step from 1000 s to 1026 s
+    assert [cells[i].split()[0] for i in (4, 6, 7, 8, 12)] == ["1.00", "3.00", "1.00", "6.0", "26.0"], cells
     assert "same ids, logprobs within 1e-4 on every call" in proc.stdout
     bad = subprocess.run(bench + [str(tmp_path / "nowhere")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
