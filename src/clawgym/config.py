@@ -3,7 +3,7 @@
     [run]      name, dir, steps, seed
     [model]    path = "models/tiny"   or   init = "tiny" | "small" | a pretrained name (smollm2-135m-instruct), init_seed = 0
     [engine]   name = "hf", tool_parser = "auto", chat_template = FILE | shipped name, and engine options
-    [rollout]  tasks, harnesses, n, concurrency, timeout, sandbox, network, judge_url, judge_model
+    [rollout]  tasks, harnesses, n, concurrency, timeout, max_calls, tasks_per_step, sandbox, network, judge_url, judge_model
     [rollout.<harness>]  that harness adapter's options (e.g. [rollout.agentloop] max_tokens = 8)
     [trees]    max_leaves
     [train]    any `clawgym train` option (algo, lr, epochs, minibatches, tis, kl_coef, ...)
@@ -14,7 +14,7 @@
     [ray]      address, num_cpus: fan each step's rollouts out as Ray tasks
     [log]      tensorboard = true, wandb = {project, mode, ...}: metrics sinks beside metrics.jsonl (sinks.py)
 
-Every key is checked: an unknown section or key, or a value of the wrong type, is a `UserError`
+Every key is checked: an unknown section or key, a value of the wrong type or below its floor, is a `UserError`
 naming the file, the section and the key. Paths are relative to the recipe's folder. The resolved
 recipe (defaults filled, paths absolute) is saved in the run directory as recipe.toml.
 
@@ -89,6 +89,7 @@ class RolloutSection:
     n: int = same_as(RolloutConfig, "n", default=8)
     concurrency: int = same_as(RolloutConfig, "concurrency", default=8)
     timeout_s: float | None = same_as(RolloutConfig, "timeout_s")
+    max_calls: int = same_as(RolloutConfig, "max_calls")
     sandbox: str = same_as(RolloutConfig, "sandbox")
     network: str = same_as(RolloutConfig, "network")
     harness_options: dict[str, dict[str, Any]] = same_as(RolloutConfig, "harness_options")
@@ -293,6 +294,7 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
 
 def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(), renamed: dict[str, str] | None = None) -> Any:
     hints = typing.get_type_hints(cls, globalns=globals())
+    minimum = {f.name: f.metadata["minimum"] for f in dataclasses.fields(cls) if "minimum" in f.metadata}
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in table.items():
@@ -305,6 +307,8 @@ def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(
         if key not in known:
             raise UserError(f"{where}: unknown key '{key}'{did_you_mean(key, [*known, *extra_ok])}; known: {', '.join(sorted(known))}")
         kwargs[key] = _check_type(value, hints[key], f"{where} key '{key}'")
+        if key in minimum and kwargs[key] < minimum[key]:  # the same floor as the command line's option
+            raise UserError(f"{where} key '{key}' must be >= {minimum[key]}, got {kwargs[key]}")
     return cls(**kwargs)
 
 

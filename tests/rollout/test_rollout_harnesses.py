@@ -143,6 +143,27 @@ def test_real_harness_killed_mid_call_is_a_timeout_that_settles(harness: str, tm
     assert [p for p in os.listdir("/proc") if p.isdigit() and has_marker(p, f"killed.{harness}.0")] == []
 
 
+@pytest.mark.parametrize("harness", list(SHELL))
+def test_real_harness_ends_on_a_spent_call_budget_and_is_scored(harness: str, tmp_path: Path, tiny_model: Path) -> None:
+    # A policy that writes its answer and then keeps calling tools: with `max_calls` the proxy refuses
+    # the call past the budget, the harness ends on that 400 well before its wall clock, and the
+    # rollout is scored on the workspace it left (status timeout, the bound named in its error).
+    if (why := HARNESSES[harness]().missing()) is not None:
+        pytest.skip(why)
+    _, shell, _, timeout, _ = SHELL[harness]
+    make_task(tmp_path / "tasks", "loops", INSTRUCTION, timeout, check=CHECK)
+    script = tmp_path / "script.jsonl"
+    answers = [shell_call(shell, "echo hi > out.txt")] + [shell_call(shell, "ls")] * 8 + ["Done."]
+    script.write_text("".join(json.dumps({"rollout_id": f"loops.{harness}.0", "text": t}) + "\n" for t in answers))
+    config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=[harness], out=tmp_path / "out", model=tiny_model,
+                           engine="scripted", engine_options={"script": str(script)}, max_calls=2)
+    (r,) = run_rollouts(config).rollouts
+    assert (r.status, r.reward, r.n_calls) == ("timeout", 1.0, 2), r
+    assert r.error.startswith("call budget spent: 2 model calls ([rollout] max_calls)") and "killed after" not in r.error, r.error
+    calls = A.read_table(tmp_path / "out" / "calls.parquet", A.CallRecord)
+    assert [c.status for c in sorted(calls, key=lambda c: c.seq)] == ["ok", "ok"]  # the refused request sampled nothing
+
+
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
 def test_a_failing_engine_is_an_infra_error_not_the_policys(harness: str, tmp_path: Path, tiny_model: Path) -> None:
     # Every model call fails in the engine. Codex gives up at once ("Selected model is at capacity");

@@ -135,7 +135,9 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
                 "idle_s": round(time.time() - r.last_activity, 3), "policy_version": server.engine.policy_version,
                 "last_call_status": r.last_call[1], "last_call_error": r.last_call[2],
                 # the last thing the rollout asked for did not fit the window: no call started after it
-                "context_exceeded": r.context_refused[1] if r.context_refused[0] == r.seq else ""}
+                "context_exceeded": r.context_refused[1] if r.context_refused[0] == r.seq else "",
+                # it asked for a call past its budget: the harness ended on that refusal
+                "call_budget_spent": r.budget_refused}
 
     async def register(request: web.Request) -> web.Response:
         data = await body(request)
@@ -147,7 +149,10 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
             raise UserError(f"'script' needs the scripted engine; this proxy runs '{server.config.engine}'")
         if script is not None and not isinstance(script, list):
             raise UserError(f"'script' {SCRIPT_ITEMS}")
-        r = server.register(data.get("rollout_id"), role)
+        max_calls = data.get("max_calls", 0)
+        if not isinstance(max_calls, int) or isinstance(max_calls, bool) or max_calls < 0:
+            raise UserError(f"max_calls must be an integer >= 0 (0: no bound), got {max_calls!r}")
+        r = server.register(data.get("rollout_id"), role, max_calls=max_calls)
         if script is not None:
             server.engine.push(r.id, script)
         base = f"http://{request.host}/r/{r.id}"

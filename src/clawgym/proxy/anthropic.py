@@ -29,6 +29,7 @@ PROTOCOL = "anthropic"
 ERRORS = {
     "invalid_request": (400, "invalid_request_error"),
     "context_length": (400, "invalid_request_error"),
+    "call_budget": (400, "invalid_request_error"),
     "authentication": (401, "authentication_error"),
     "permission": (403, "permission_error"),
     "not_found": (404, "not_found_error"),

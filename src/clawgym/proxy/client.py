@@ -52,9 +52,11 @@ class AdminClient:
         except (urllib.error.URLError, OSError) as e:
             raise ProxyUnavailable(f"proxy at {self.url} unreachable: {e}") from None
 
-    def register(self, rollout_id: str | None = None, role: str = "main", script: list | None = None) -> dict:
-        """A new rollout -> {"rollout_id", "base_url", "openai_base_url", "api_key"}; `script` feeds the scripted engine."""
-        body = {"rollout_id": rollout_id, "role": role} | ({"script": script} if script is not None else {})
+    def register(self, rollout_id: str | None = None, role: str = "main", script: list | None = None, max_calls: int = 0) -> dict:
+        """A new rollout -> {"rollout_id", "base_url", "openai_base_url", "api_key"}; `script` feeds the scripted engine;
+        `max_calls` > 0 bounds its model calls (the next one is refused with a 400, `call_budget`)."""
+        body = ({"rollout_id": rollout_id, "role": role} | ({"script": script} if script is not None else {})
+                | ({"max_calls": max_calls} if max_calls else {}))
         return self.admin("POST", "/admin/rollouts", body)
 
     def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict:

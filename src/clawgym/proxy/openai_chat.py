@@ -21,6 +21,7 @@ PROTOCOL = "openai-chat"
 ERRORS = {
     "invalid_request": (400, "invalid_request_error", None),
     "context_length": (400, "invalid_request_error", "context_length_exceeded"),
+    "call_budget": (400, "invalid_request_error", "call_budget_exhausted"),
     "authentication": (401, "invalid_request_error", "invalid_api_key"),
     "permission": (403, "invalid_request_error", "permission_denied"),
     "not_found": (404, "invalid_request_error", "not_found"),

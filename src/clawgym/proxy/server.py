@@ -66,6 +66,10 @@ class Rollout:
     """what each call said and answered, for the rollout's transcript"""
     context_refused: tuple[int, str] = (-1, "")
     """(calls started by then, message) of the latest request refused as longer than the context window"""
+    max_calls: int = 0
+    """the most model calls the rollout may make (0: no bound); the call after them is refused"""
+    budget_refused: str = ""
+    """the message of the refusal once a call past `max_calls` was asked for"""
 
 
 class ProxyServer:
@@ -101,11 +105,13 @@ class ProxyServer:
 
     # -- rollouts ------------------------------------------------------------------------------
 
-    def register(self, rollout_id: str | None = None, role: str = "main", api_key: str | None = None) -> Rollout:
+    def register(self, rollout_id: str | None = None, role: str = "main", api_key: str | None = None,
+                 max_calls: int = 0) -> Rollout:
         rid = check_rollout_id(rollout_id or new_id("r"))
         if rid in self.rollouts:
             raise ProtocolError("conflict", f"rollout '{rid}' is already registered")
-        r = Rollout(rid, api_key or "sk-cg-" + secrets.token_urlsafe(24), RolloutTito(self.renderer, self.config.audit_render), role)
+        r = Rollout(rid, api_key or "sk-cg-" + secrets.token_urlsafe(24), RolloutTito(self.renderer, self.config.audit_render), role,
+                    max_calls=max_calls)
         self.rollouts[rid] = r
         return r
 
@@ -207,6 +213,11 @@ class ProxyServer:
         started = time.time()
         try:
             rollout = self._rollout(request)
+            if rollout.max_calls and rollout.seq >= rollout.max_calls:
+                # the harness ends on a 400 as on its endpoint's own refusal; the runner scores the rollout as it stands
+                rollout.budget_refused = (f"this rollout's budget of {rollout.max_calls} model call"
+                                          f"{'s' if rollout.max_calls > 1 else ''} is spent")
+                raise ProtocolError("call_budget", rollout.budget_refused)
             req: ChatRequest = proto.parse(await self._read_json(request))
             cap = _max_tokens_header(request)
             try:
@@ -443,9 +454,9 @@ class ProxyThread:
     def call(self, coro, timeout: float = 120) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    def register(self, rollout_id: str | None = None, role: str = "main", script: list | None = None) -> dict:
+    def register(self, rollout_id: str | None = None, role: str = "main", script: list | None = None, max_calls: int = 0) -> dict:
         """Register through the admin HTTP route, exactly as an out-of-process runner would (proxy/client.py)."""
-        return self.client.register(rollout_id, role, script)
+        return self.client.register(rollout_id, role, script, max_calls)
 
     def admin(self, method: str, path: str, body: dict | None = None) -> dict:
         """Call an admin route; returns the JSON answer (raises client.ProxyUnavailable on 4xx/5xx)."""

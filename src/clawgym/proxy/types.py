@@ -22,9 +22,9 @@ max_tokens themselves (Codex; docs/harnesses.md)"""
 class ProtocolError(Exception):
     """A request the proxy refuses. `kind` is protocol-neutral; each protocol maps it to its shape.
 
-    kinds: invalid_request (400), context_length (400), authentication (401), permission (403),
-    not_found (404), too_large (413), overloaded (529 Anthropic / 503 OpenAI), internal (500),
-    conflict (409, admin routes only).
+    kinds: invalid_request (400), context_length (400), call_budget (400: the rollout's calls are
+    spent), authentication (401), permission (403), not_found (404), too_large (413), overloaded
+    (529 Anthropic / 503 OpenAI), internal (500), conflict (409, admin routes only).
     """
 
     def __init__(self, kind: str, message: str, param: str | None = None):

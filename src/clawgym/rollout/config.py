@@ -108,6 +108,9 @@ class RolloutConfig:
     admin_token: str | None = option(None, "that proxy's admin token", envvar="CLAWGYM_ADMIN_TOKEN")
     records: Path | None = option(None, "the folder that proxy records into (it must be on this machine's filesystem)")
     timeout_s: float | None = option(None, "wall-clock seconds per rollout; default: each task's [agent] timeout_sec", flag="--timeout")
+    max_calls: int = option(0, "the most model calls a rollout may make; the proxy refuses the next one and the rollout is "
+                               "scored as the harness leaves it (status timeout). A turn bound for harnesses without "
+                               "their own (Codex, OpenClaw); 0 = no bound", minimum=0)
     sandbox: str = option("local", "local (bubblewrap) | docker | docker:IMAGE | local-unisolated (no file isolation where "
                                    "bubblewrap is missing) (docs/harnesses.md)")
     network: str = option("auto", "the sandbox's network: auto | bwrap | unshare | blackhole | host (docs/architecture.md)")

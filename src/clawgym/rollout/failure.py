@@ -15,7 +15,9 @@ depend on load. So the runner first gathers every piece of evidence into `Eviden
 5. context overflow   the last request did not fit the model's context window     harness_error (scored)
 6. endpoint           the harness's own word that its model endpoint failed       infra_error
 7. harness crashed    the harness exited on its own with an error                 harness_error (scored)
-8. timeout            the wall-clock limit killed the harness                     timeout (scored)
+8. call budget        it asked for a call past [rollout] max_calls; the harness   timeout (scored)
+                      ended on that refusal
+9. timeout            the wall-clock limit killed the harness                     timeout (scored)
 
 A harness that says its model endpoint failed reports a symptom, ranked below every cause that
 would explain it: a context overflow is refused with an error the harness may call an endpoint
@@ -37,11 +39,13 @@ CAUSES: dict[str, str] = {
     "context": "context_length_exceeded",
     "endpoint": "model endpoint failed",
     "harness": "harness crashed",
+    "budget": "call budget spent",
     "timeout": "timeout",
 }
 
 _STATUS = {"sandbox_gone": "infra_error", "sandbox_setup": "infra_error", "engine": "infra_error",
-           "infra": "infra_error", "context": "harness_error", "endpoint": "infra_error", "harness": "harness_error", "timeout": "timeout"}
+           "infra": "infra_error", "context": "harness_error", "endpoint": "infra_error", "harness": "harness_error",
+           "budget": "timeout", "timeout": "timeout"}
 
 
 @dataclass

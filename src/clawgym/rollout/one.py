@@ -10,7 +10,9 @@
    in and run the verifier on the final workspace with it; close the rollout and the sandbox. The
    caller (runner.py) appends the row (with the roles under "call_roles") and the transcript.
 
-Failure policy (paper §3.4): a timeout is scored as is; a harness that fails on its own is
+Failure policy (paper §3.4): a timeout is scored as is, and so is a rollout that asked for more
+model calls than `[rollout] max_calls` allows (the proxy refuses that call, the harness ends on
+the refusal; status `timeout`, its error says which bound); a harness that fails on its own is
 `harness_error` (scored as is: a crash is the policy's outcome too), and so is one whose last
 request was refused as longer than the model's context window (`context_length_exceeded: ...` in
 its error, docs/harnesses.md); a sandbox, proxy or start failure is `infra_error` with a null
@@ -85,7 +87,7 @@ def run_one(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config: Rol
     try:
         try:
             # 1. register with the proxy
-            reg = proxy.register(rid)
+            reg = proxy.register(rid, max_calls=config.max_calls)
         except Exception as e:
             evidence.add("infra", f"{type(e).__name__}: {e}")
         try:
@@ -168,8 +170,13 @@ def _run_harness(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config
     final, ended_ok = None, False
     transcript, roles = _transcript(harness, proxy, plan, run.stdout(), api_key)
     overflow = status.get("context_exceeded")  # its last request did not fit, and no call came after it
+    budget = f"{config.max_calls} model calls ([rollout] max_calls)" if status.get("call_budget_spent") else ""
     if run.timed_out:
-        evidence.add("timeout", f"killed after {timeout:.0f} s" + (f"; context_length_exceeded: {overflow}" if overflow else ""))
+        evidence.add("timeout", f"killed after {timeout:.0f} s" + (f"; context_length_exceeded: {overflow}" if overflow else "")
+                     + (f"; call budget spent: {budget}" if budget else ""))
+    elif budget:  # the harness ended on the proxy's refusal of one call too many: the policy's ending, scored as it stands
+        evidence.add("budget", budget)
+        final = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr()).final_message
     else:
         outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
         final, ended_ok = outcome.final_message, outcome.status == "ok"

@@ -23,7 +23,8 @@ themselves (tests/proxy/test_proxy_sdk.py).
 Exit codes: 0 finished (final answer or turn limit), 4 the model endpoint failed after the
 retries (the runner marks the rollout infra_error), 5 the prompt no longer fits the model's context
 window (the endpoint's `context_length_exceeded`: the policy's own ending, a scored harness_error),
-2 bad arguments.
+6 the rollout's call budget is spent (the endpoint's `call_budget_exhausted`, `[rollout] max_calls`:
+scored as it stands), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ COMPACTION_PROMPT = (
 TOOL_OUTPUT_LIMIT = 4000
 EXIT_ENDPOINT_FAILED = 4
 EXIT_CONTEXT_FULL = 5
+EXIT_BUDGET_SPENT = 6
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "description": "Run a shell command in the workspace.",
@@ -282,6 +284,9 @@ def agent_main(argv: list[str] | None = None) -> int:
             if e.status == 400 and e.code == "context_length_exceeded":  # nothing more fits: the run ends here, as the policy left it
                 print(f"context window exceeded: {e}", file=sys.stderr)
                 return EXIT_CONTEXT_FULL
+            if e.status == 400 and e.code == "call_budget_exhausted":  # the runner's bound on calls: ends here too
+                print(f"call budget spent: {e}", file=sys.stderr)
+                return EXIT_BUDGET_SPENT
             print(f"model endpoint failed: {e}", file=sys.stderr)
             return EXIT_ENDPOINT_FAILED
         except (ValueError, LookupError, TypeError, AttributeError) as e:  # not a Chat Completions answer
