@@ -174,19 +174,20 @@ def _run_harness(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config
     if run.timed_out:
         evidence.add("timeout", f"killed after {timeout:.0f} s" + (f"; context_length_exceeded: {overflow}" if overflow else "")
                      + (f"; call budget spent: {budget}" if budget else ""))
-    elif budget:  # the harness ended on the proxy's refusal of one call too many: the policy's ending, scored as it stands
-        evidence.add("budget", budget)
-        final = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr()).final_message
     else:
         outcome = harness.outcome(run.exit_code if run.exit_code is not None else -1, run.stdout(), run.stderr())
         final, ended_ok = outcome.final_message, outcome.status == "ok"
-        if overflow:  # the policy's own ending, scored, whatever the harness called the refusal
-            evidence.add("context", overflow)
+        if budget:  # it ended on the proxy's refusal of one call too many: the policy's ending, scored as it stands
+            evidence.add("budget", budget)
             ended_ok = False
-        if outcome.status == "harness_error":
-            evidence.add("harness", outcome.message)
-        elif outcome.status == "infra_error":  # the harness's word that its endpoint failed: a symptom
-            evidence.add("endpoint", outcome.message)
+        else:
+            if overflow:  # the policy's own ending, scored, whatever the harness called the refusal
+                evidence.add("context", overflow)
+                ended_ok = False
+            if outcome.status == "harness_error":
+                evidence.add("harness", outcome.message)
+            elif outcome.status == "infra_error":  # the harness's word that its endpoint failed: a symptom
+                evidence.add("endpoint", outcome.message)
     if not ended_ok and (failed := _engine_failed_last(status)):
         # it gave up on (or was still retrying) a failing engine: the infrastructure's fault, not the policy's
         evidence.add("engine", f"the last call failed there ({failed})")
