@@ -9,6 +9,7 @@ the gradient comparison runs where CUDA is present.
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -62,6 +63,24 @@ def test_mask_mod_and_block_mask_equal_the_dense_mask(seed):
             assert set(part) | set(full) == set(torch.nonzero(some[r, qb]).flatten().tolist())
 
 
+@pytest.mark.parametrize("prefix", [0, 100])
+def test_the_kernel_gets_block_multiple_lengths_and_the_padding_is_masked(prefix):
+    """Compiled FlexAttention on CUDA found no kernel for this mask_mod on ragged lengths, so queries and
+    keys are padded to whole blocks: no padded query sees a key and no query sees a padded key."""
+    a, _ = _trees(3)
+    flex = collate([a], [0], attention="flex").attention_mask.flex
+    flex.prefix = prefix
+    L = flex.node.shape[1]
+    bm = flex.block_mask()
+    Lq, Lk = bm.seq_lengths
+    assert Lq % FLEX_BLOCK == 0 and Lk % FLEX_BLOCK == 0 and Lq >= L and Lk >= prefix + L
+    assert Lq > L or Lk > prefix + L  # this tree's lengths are ragged, so padding is exercised
+    rule = flex.allowed(0, torch.arange(Lq)[:, None], torch.arange(Lk)[None, :])
+    assert not rule[L:, prefix:].any()  # padded queries see no row token, padding included (the prefix they may)
+    assert not rule[:, prefix + L:].any()  # nothing sees a padded key
+    assert rule[:L, : prefix + L].any(1).all()  # every row token sees something
+
+
 def test_windowed_mask_mod_drops_keys_deeper_than_the_window():
     a, _ = _trees(1)
     flex = collate([a], [0], attention="flex").attention_mask.flex
@@ -86,7 +105,7 @@ def test_flex_logprobs_equal_segments_and_dense(lm, seed):  # noqa: F811
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention has no backward pass on CPU (torch raises NotImplementedError)")
 def test_flex_gradients_equal_dense_on_cuda(lm):  # noqa: F811
     a, b = _trees(2, n=8, max_len=30)
-    model = lm.cuda()
+    model = copy.deepcopy(lm).cuda()  # a copy: the module-scoped `lm` stays on the CPU for the other tests
     policy = PackedPolicy(model)
     grads = {}
     for attention in ("dense", "flex"):
@@ -94,7 +113,6 @@ def test_flex_gradients_equal_dense_on_cuda(lm):  # noqa: F811
         logp, _ = policy(collate([a, b], [0, 1], attention=attention).to(torch.device("cuda")))
         (-logp.sum()).backward()
         grads[attention] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    model.cpu()
     for k, g in grads["flex"].items():
         ref = grads["dense"][k]
         assert (g - ref).abs().max() <= 1e-5 * ref.abs().max().clamp_min(1e-12), k

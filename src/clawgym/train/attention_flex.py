@@ -7,6 +7,11 @@ mask that lets the kernel skip empty blocks is evaluated a slab of queries at a 
 at once. A micro-batch that continues a step's shared prefix (prefix.py) has `prefix` keys in
 front of each row's own, which every query sees. FlexAttention has no backward pass on CPU; there
 its forward runs eagerly (the tests compare it with the other paths), on CUDA it is compiled.
+
+Queries and keys are padded to a multiple of the 128-token block before the kernel: compiled on
+CUDA, FlexAttention found no kernel for a mask_mod like this one (it loads through the captured
+node ids) on lengths that are not block multiples, where the generated code masks the ragged edge.
+Padded queries see nothing and padded keys are seen by nothing; their outputs are cut off.
 """
 
 from __future__ import annotations
@@ -45,8 +50,12 @@ class FlexTree:
         return self._allowed(b, q, kv, window)
 
     def _allowed(self, b, q, kv, window):
+        # Indices past the row (block padding, see the module docstring) are clamped for the loads and masked.
+        L = self.node.shape[1]
+        inside = (q < L) & (kv < L)
+        q, kv = q.clamp_max(L - 1), kv.clamp_max(L - 1)
         nq, nk = self.node[b, q], self.node[b, kv]
-        ok = (kv <= q) & (nk <= nq) & (nq <= self.last[b, nk])
+        ok = inside & (kv <= q) & (nk <= nq) & (nq <= self.last[b, nk])
         if window is not None:
             ok = ok & (self.positions[b, q] - self.positions[b, kv] < window)
         return ok
@@ -78,6 +87,12 @@ def flex_tree(nodes: list[tuple[torch.Tensor, list[int]]], positions: torch.Tens
 
 
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
+
+
+def padded(n: int) -> int:
+    """`n` rounded up to a whole number of blocks: the query and key lengths the kernel is given."""
+    return -(-n // FLEX_BLOCK) * FLEX_BLOCK
+
 _Q_CHUNK = 1024  # queries evaluated at once when the block mask is built: memory O(_Q_CHUNK · L), never L²
 
 
@@ -86,12 +101,11 @@ def _tree_block_mask(tree: FlexTree, window: int | None):
     from torch.nn.attention.flex_attention import BlockMask
 
     B, L = tree.node.shape
-    K = tree.prefix + L  # keys: the prefix's, then the row's own
-    nb, nbk = -(-L // FLEX_BLOCK), -(-K // FLEX_BLOCK)
+    nb, nbk = padded(L) // FLEX_BLOCK, padded(tree.prefix + L) // FLEX_BLOCK  # keys: the prefix's, then the row's own
     dev = tree.node.device
     partial = torch.zeros(B, nb, nbk, dtype=torch.bool, device=dev)
     full = torch.zeros(B, nb, nbk, dtype=torch.bool, device=dev)
-    kv = torch.arange(K, device=dev)
+    kv = torch.arange(nbk * FLEX_BLOCK, device=dev)
     for b in range(B):
         for q0 in range(0, L, _Q_CHUNK):
             q1 = min(q0 + _Q_CHUNK, L)
@@ -99,7 +113,7 @@ def _tree_block_mask(tree: FlexTree, window: int | None):
             k1 = tree.prefix + q1
             m = tree.allowed(b, q[:, None], kv[None, :k1], window)  # [q, k1]: keys after the last query are masked
             nq = -(-q.numel() // FLEX_BLOCK)
-            # Out-of-range queries/keys count as masked, so a ragged last block is never taken as full.
+            # Padding queries/keys count as masked, so a ragged last block is never taken as full.
             m = F.pad(m, (0, nbk * FLEX_BLOCK - k1, 0, nq * FLEX_BLOCK - q.numel())).view(nq, FLEX_BLOCK, nbk, FLEX_BLOCK)
             some, every = m.any(3).any(1), m.all(3).all(1)
             qb = q0 // FLEX_BLOCK
@@ -116,7 +130,8 @@ def _tree_block_mask(tree: FlexTree, window: int | None):
 
     kv_num, kv_idx = ordered(partial)
     full_num, full_idx = ordered(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, FLEX_BLOCK, mask_mod, seq_lengths=(L, K))
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, FLEX_BLOCK, mask_mod,
+                                    seq_lengths=(nb * FLEX_BLOCK, nbk * FLEX_BLOCK))
 
 
 _compiled_flex = None
@@ -142,8 +157,15 @@ def flex_attend(tree: FlexTree, query, key, value, scaling, sliding_window, soft
     if softcap is not None:
         def score_mod(score, b, h, q, kv):
             return torch.tanh(score / softcap) * softcap
-    return _flex(query, key, value, score_mod=score_mod, block_mask=tree.block_mask(sliding_window), scale=scaling,
-                 enable_gqa=key.shape[1] != query.shape[1])
+    L, K = query.shape[2], key.shape[2]
+    grow_q, grow_k = padded(L) - L, padded(K) - K  # block padding (module docstring); [B, H, L, D] grows along L
+    if grow_q:
+        query = F.pad(query, (0, 0, 0, grow_q))
+    if grow_k:
+        key, value = F.pad(key, (0, 0, 0, grow_k)), F.pad(value, (0, 0, 0, grow_k))
+    out = _flex(query, key, value, score_mod=score_mod, block_mask=tree.block_mask(sliding_window), scale=scaling,
+                enable_gqa=key.shape[1] != query.shape[1])
+    return out[:, :, :L] if grow_q else out
 
 
 def flex_block_mask(dense: torch.Tensor):
