@@ -27,13 +27,14 @@ import os
 import random
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import results_md  # bench/results_md.py: --write-results
 
 LARGE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=3072)
-DRY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+DRY = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
            intermediate_size=128)
 
 
@@ -56,10 +57,13 @@ def stage_model(args) -> None:
 
     t0 = time.monotonic()
     init_model(args.work / "model", seed=0, size="tiny", force=True)  # the tokenizer and generation config
-    config = AutoConfig.from_pretrained(args.work / "model")
-    for k, v in (DRY if args.dry else LARGE).items():
-        setattr(config, k, v)
-    config.max_position_embeddings = max(config.max_position_embeddings, args.tree_tokens + 1024)
+    base = AutoConfig.from_pretrained(args.work / "model")
+    # A new config of the tiny model's type with the sizes below: fields derived from the layer count (the
+    # per-layer attention types) are computed again, which setting attributes on the loaded config would skip.
+    fields = {k: v for k, v in base.to_dict().items() if k != "layer_types"}
+    fields |= DRY if args.dry else LARGE
+    fields["max_position_embeddings"] = max(base.max_position_embeddings, args.tree_tokens + 1024)
+    config = type(base)(**fields)
     torch.manual_seed(0)
     lm = Qwen3ForCausalLM(config).to(torch.bfloat16)
     lm.save_pretrained(args.work / "model")
@@ -266,7 +270,8 @@ def main() -> None:
             {"model": stage_model, "train": stage_train, "report": stage_report}[args.stage](args)
     except SystemExit:
         raise
-    except Exception as e:  # one row naming what failed; the report still prints what ran
+    except Exception as e:  # one row naming what failed, the traceback in the log; the report still prints what ran
+        traceback.print_exc()
         emit(args.work, args.stage, "FAILED", f"{type(e).__name__}: {str(e)[:300]}")
         sys.exit(1)
 
