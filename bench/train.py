@@ -30,9 +30,9 @@ weights — the same shapes, so the same time and memory:
     python bench/train.py --lora-rank 16 --shapes grpo-like --scale 0.25 --repeats 1 --threads 2
 
 With `--masks` it compares the tree masks of `--attention dense`, a FlexAttention block mask built
-from that dense mask, and `--attention flex` (a mask_mod over node ids, no [L, L] mask) on a
-branched tree of 8k and 32k tokens: bytes the mask keeps, build time, and forward + backward time
-where this machine can run it (FlexAttention has no backward on CPU):
+from that dense mask, `--attention flex` (a mask_mod over node ids, no [L, L] mask) and `--attention
+segments` on a branched tree of 8k and 32k tokens: bytes the mask keeps, build time, and forward +
+backward time where this machine can run it (every mask on CUDA; FlexAttention has no backward on CPU):
 
     nice -n 10 python bench/train.py --masks
 
@@ -370,11 +370,17 @@ def _tiny_policy(args) -> PackedPolicy:
                                                              dtype=torch.float32))
 
 
-def _fwd_bwd_s(policy: PackedPolicy, batches) -> float:
+def _fwd_bwd_s(policy: PackedPolicy, batches, device: torch.device | None = None) -> float:
+    """Wall seconds of forward + backward over `batches` (on `device`: CUDA work is waited for)."""
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for mb in batches:
-        logp, _ = policy(mb)
+        logp, _ = policy(mb if device is None else mb.to(device))
         (-logp.sum()).backward()
+    if cuda:
+        torch.cuda.synchronize(device)
     policy.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
 
@@ -393,12 +399,18 @@ def _nbytes(x) -> int:
 
 
 def masks(args) -> None:
-    """Mask memory and time: dense vs block mask from the dense mask vs mask_mod, at 8k and 32k tokens."""
+    """Mask memory and time: dense vs block mask from the dense mask vs mask_mod vs segments, at 8k and 32k tokens."""
     from clawgym.train.attention_flex import flex_block_mask
 
     policy = _tiny_policy(args)
     vocab = policy.lm.config.vocab_size
-    table = Table(title=f"tree masks on a GRPO-like tree (prefix L/2, 8 answers), tiny model, {args.threads} threads")
+    # On CUDA every mask's forward + backward runs (the second of two runs: the first compiles FlexAttention's
+    # kernels); on the CPU only the dense mask's at 8k, since FlexAttention has no CPU backward.
+    cuda = torch.device("cuda") if torch.cuda.is_available() else None
+    if cuda is not None:
+        policy.lm.to(cuda)
+    where = torch.cuda.get_device_name(cuda) if cuda is not None else f"{args.threads} threads"
+    table = Table(title=f"tree masks on a GRPO-like tree (prefix L/2, 8 answers), tiny model, {where}")
     for col in ("tokens", "mask", "mask MiB", "vs dense", "build s", "fwd+bwd s"):
         table.add_column(col, justify="left" if col == "mask" else "right")
     for L in (8192, 32768):
@@ -408,12 +420,14 @@ def masks(args) -> None:
             t.add(p, L // 16, "model", f"c{j}")
         tree = pack_tree(t.nodes)
         rows = {}
-        for mode in ("dense", "block-mask", "mask_mod"):
+        for mode in ("dense", "block-mask", "mask_mod", "segments"):
             t0 = time.perf_counter()
             try:
-                mb = collate([tree], [0], attention="flex" if mode == "mask_mod" else "dense")
+                mb = collate([tree], [0], attention={"mask_mod": "flex", "segments": "segments"}.get(mode, "dense"))
                 plan = mb.attention_mask
-                if mode == "block-mask":
+                if mode == "segments":
+                    kept = _nbytes(plan)
+                elif mode == "block-mask":
                     kept = _nbytes(plan.dense) + _nbytes(flex_block_mask(plan.dense))
                 elif mode == "mask_mod":
                     kept = _nbytes(plan.flex.node) + _nbytes(plan.flex.last) + _nbytes(plan.flex.block_mask())
@@ -423,8 +437,15 @@ def masks(args) -> None:
                 table.add_row(f"{L:,}", mode, "does not fit", "", "", "")
                 continue
             build = time.perf_counter() - t0
-            if mode == "dense" and L <= 8192:
+            if cuda is not None and mode != "block-mask":
+                _fwd_bwd_s(policy, [mb], cuda)
+                step = f"{_fwd_bwd_s(policy, [mb], cuda):.3f}"
+            elif cuda is not None:
+                step = "as mask_mod (the same kernel)"
+            elif mode in ("dense", "segments") and L <= 8192:
                 step = f"{_fwd_bwd_s(policy, [mb]):.1f}"
+            elif mode == "segments":
+                step = "not run on CPU at this length"
             elif mode == "dense":
                 step = "not run: SDPA's L² scores on CPU"
             else:
