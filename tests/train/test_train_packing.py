@@ -222,3 +222,41 @@ def test_segment_attention_splits_long_runs_into_exact_query_blocks(lm, monkeypa
         logp, _ = PackedPolicy(lm)(collate([tree], [0], attention="segments"))
         ref = per_path_logprobs(lm, tree)[scored_positions(tree)]
     torch.testing.assert_close(logp, ref, atol=1e-5, rtol=0)
+
+
+def test_segment_attention_keeps_one_copy_of_a_runs_keys_and_one_mask_for_all_layers():
+    """A branch under a long prompt is cut into query blocks. Each block attends to a leading view of the
+    run's keys, gathered once; grouped-query heads are not repeated; the blocks' masks are handed to SDPA
+    in the additive form it keeps for the backward pass, built once for every layer. So what autograd
+    keeps grows neither with the number of blocks (keys) nor with the number of layers (masks)."""
+    from clawgym.train import attention
+
+    P, n, H, Hkv, D, layers = 1536, 2048, 4, 2, 16, 3  # prompt, each answer (4 query blocks), heads
+    # a prompt and two answers: the second is a run whose ancestor (the prompt) is not contiguous with it
+    parents, starts, L = [-1, 0, 0], [0, P, P + n], P + 2 * n
+    blocks = attention.plan_blocks(parents, starts, L)
+    assert sum(b.mask is not None for b in blocks) == n // attention.QUERY_BLOCK  # the first answer runs on from the prompt
+    plan = attention.TreePlan([blocks], [L], torch.arange(L)[None])
+    saved: dict[int, int] = {}
+    held = []  # every saved tensor stays alive, so no later one reuses its memory (and its address)
+
+    def keep(x):
+        saved.setdefault(x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())
+        held.append(x)
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda x: x):
+        for layer in range(layers):
+            module = torch.nn.Module()
+            module.layer_idx = layer
+            q = torch.randn(1, H, L, D, requires_grad=True)
+            k, v = (torch.randn(1, Hkv, L, D, requires_grad=True) for _ in range(2))
+            out, _ = attention.tree_attention(module, q, k, v, None, **{attention.TREE_KWARG: plan})
+            out.sum().backward()
+    f32 = 4
+    inputs = layers * (H + 2 * Hkv) * L * D * f32
+    outputs = layers * H * L * (D + 1) * f32  # each block's output and its softmax normaliser (per query and head)
+    gathered = layers * 2 * Hkv * (P + n) * D * f32  # the second answer's keys and values (prompt + itself)
+    masks = sum(b.mask.numel() for b in blocks if b.mask is not None) * f32  # additive, once
+    extra = sum(saved.values()) - inputs - outputs - gathered - masks
+    assert extra < gathered / 4, f"{extra} bytes kept beyond one copy of the run's keys and one of the masks"
