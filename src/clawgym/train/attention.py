@@ -16,9 +16,11 @@ ancestors (an unbranched tree is exactly one such call), otherwise an explicit m
 most `QUERY_BLOCK` queries so the masked-out upper triangle stays small. A run's keys are gathered
 once (a view of the layer's keys when its ancestors and itself are one contiguous span) and each
 block attends to a prefix of them, a view: what SDPA saves for the backward pass is then one copy
-of the run's keys and values, not one per block, which on a long shared prompt (19k tokens in front
-of every branch) was the largest activation of a step. Grouped-query heads are not repeated: SDPA
-takes the key/value heads as they are (`enable_gqa`). Autograd handles the backward pass.
+of the run's keys and values, not one per block; under a long shared prompt (19k tokens in front of
+every branch) those keys are most of what each block reads. The blocks' masks go to SDPA in the
+additive form it would otherwise rebuild, and keep, in every layer, so all layers share one copy.
+Grouped-query heads are not repeated: SDPA takes the key/value heads as they are (`enable_gqa`).
+Autograd handles the backward pass.
 
 How it reaches the model. transformers 5 lets a name be registered in its `AttentionInterface`;
 a model loaded with `attn_implementation=IMPLEMENTATION` calls `tree_attention` in every attention

@@ -87,13 +87,12 @@ def flex_tree(nodes: list[tuple[torch.Tensor, list[int]]], positions: torch.Tens
 
 
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
+_Q_CHUNK = 1024  # queries evaluated at once when the block mask is built: memory O(_Q_CHUNK · L), never L²
 
 
 def padded(n: int) -> int:
     """`n` rounded up to a whole number of blocks: the query and key lengths the kernel is given."""
     return -(-n // FLEX_BLOCK) * FLEX_BLOCK
-
-_Q_CHUNK = 1024  # queries evaluated at once when the block mask is built: memory O(_Q_CHUNK · L), never L²
 
 
 def _tree_block_mask(tree: FlexTree, window: int | None):
