@@ -19,6 +19,11 @@
   token only the hidden row the chunk is recomputed from (4 B × hidden) and its results.
   Unchunked (`head_chunk` 0): bf16 logits, fp32 logits, log-softmax and its exp, 14 B × vocab per
   trainable token.
+
+Not counted, since the formula is for the GPU's attention: segment attention (the CPU default,
+attention.py) also keeps each query block's additive mask once per micro-batch (its queries × its
+keys, in the queries' dtype) and, in every layer, one copy of the keys and values of each branch
+whose ancestors are not one span with it.
 """
 
 from __future__ import annotations
