@@ -13,14 +13,8 @@ run's queries attend to
 
 with one `scaled_dot_product_attention` call per run — plain `is_causal` when the run has no
 ancestors (an unbranched tree is exactly one such call), otherwise an explicit mask on blocks of at
-most `QUERY_BLOCK` queries so the masked-out upper triangle stays small. A run's keys are gathered
-once (a view of the layer's keys when its ancestors and itself are one contiguous span) and each
-block attends to a prefix of them, a view: what SDPA saves for the backward pass is then one copy
-of the run's keys and values, not one per block; under a long shared prompt (19k tokens in front of
-every branch) those keys are most of what each block reads. The blocks' masks go to SDPA in the
-additive form it would otherwise rebuild, and keep, in every layer, so all layers share one copy.
-Grouped-query heads are not repeated: SDPA takes the key/value heads as they are (`enable_gqa`).
-Autograd handles the backward pass.
+most `QUERY_BLOCK` queries so the masked-out upper triangle stays small. Keys are slices (views)
+of the layer's key/value tensors, so autograd handles the backward pass.
 
 How it reaches the model. transformers 5 lets a name be registered in its `AttentionInterface`;
 a model loaded with `attn_implementation=IMPLEMENTATION` calls `tree_attention` in every attention
@@ -109,12 +103,6 @@ class Block:
     q1: int
     key_ranges: list[tuple[int, int]]
     mask: torch.Tensor | None  # [q1 − q0, K] bool, or None for plain causal (keys == queries)
-    run_ranges: list[tuple[int, int]] | None = None  # the whole run's keys, whose first K are this block's
-    additive: dict = field(default_factory=dict, compare=False, repr=False)  # `mask` for SDPA, per dtype/device
-
-    @property
-    def n_keys(self) -> int:
-        return sum(b - a for a, b in self.key_ranges)
 
 
 @dataclass
@@ -130,11 +118,9 @@ class TreePlan:
     prefix: PrefixKV | None = None  # that prefix's keys/values, attached before the forward
     record: PrefixKV | None = None  # the prefix's own forward: each layer keeps its keys/values here
     uses: int = field(default=0, compare=False)  # attention layers that read this plan (support.py checks it)
-    additive: dict = field(default_factory=dict, compare=False, repr=False)  # `dense` for SDPA, per dtype/device
 
     def to(self, device: torch.device) -> "TreePlan":
-        rows = [[Block(b.q0, b.q1, b.key_ranges, None if b.mask is None else b.mask.to(device), b.run_ranges) for b in r]
-                for r in self.rows]
+        rows = [[Block(b.q0, b.q1, b.key_ranges, None if b.mask is None else b.mask.to(device)) for b in r] for r in self.rows]
         dense = None if self.dense is None else self.dense.to(device)
         flex = None if self.flex is None else self.flex.to(device)
         return TreePlan(rows, self.lengths, self.positions.to(device), dense, flex, self.prefix_len, self.prefix, self.record)
@@ -172,7 +158,6 @@ def plan_blocks(node_parent: list[int], node_start: list[int], n_tokens: int, pr
         if not anc:
             blocks.append(Block(s, e, [(s, e)], None))  # a root run: ordinary causal attention
             continue
-        run = _merge(anc + [(prefix + s, prefix + e)])  # ancestors precede the run, so a block's keys lead these
         for a in range(s, e, QUERY_BLOCK):
             b = min(a + QUERY_BLOCK, e)
             ranges = _merge(anc + [(prefix + s, prefix + b)])
@@ -180,14 +165,14 @@ def plan_blocks(node_parent: list[int], node_start: list[int], n_tokens: int, pr
             q = b - a
             mask = torch.ones(q, K, dtype=torch.bool)
             mask[:, K - q:] = torch.ones(q, q, dtype=torch.bool).tril()
-            blocks.append(Block(a, b, ranges, mask, run))
+            blocks.append(Block(a, b, ranges, mask))
     return blocks
 
 
-def _gather(x: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
-    """Keys/values of the given spans of one row, [1, Hkv, L, D] → [1, Hkv, K, D]: a view for one span."""
+def _gather(x: torch.Tensor, ranges: list[tuple[int, int]], n_rep: int) -> torch.Tensor:
+    """Keys/values of the given spans of one row: [1, Hkv, L, D] → [1, H, K, D]."""
     parts = [x[:, :, a:b] for a, b in ranges]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    return _repeat(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2), n_rep)
 
 
 def _repeat(k: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -198,30 +183,15 @@ def _repeat(k: torch.Tensor, n_rep: int) -> torch.Tensor:
     return k[:, :, None].expand(B, H, n_rep, K, D).reshape(B, H * n_rep, K, D)
 
 
-def _additive(mask: torch.Tensor, like: torch.Tensor, cache: dict) -> torch.Tensor:
-    """A bool mask as the additive mask SDPA makes of it, built once per dtype and device for every layer.
-
-    Given a bool mask, SDPA (on CPU) converts it to an additive one in the queries' dtype in every call
-    and keeps that copy for the backward pass: one per layer. Given the additive mask, it keeps the
-    tensor it was handed, so all layers share one copy."""
-    key = (like.dtype, like.device)
-    if key not in cache:
-        cache[key] = torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill_(
-            ~mask.to(like.device), float("-inf"))
-    return cache[key]
-
-
 def _attend(q, k, v, mask: torch.Tensor | None, causal: bool, scaling, softcap, dropout: float) -> torch.Tensor:
-    """softmax(q kᵀ · scaling [soft-capped]) v over the allowed keys: q [B, H, Q, D], k/v [B, Hkv, K, D] → [B, H, Q, D].
+    """softmax(q kᵀ · scaling [soft-capped]) v over the allowed keys: [B, H, Q, D].
 
     `causal` means the queries are the last Q keys, each seeing itself and the keys before it.
     SDPA has no logit soft-capping, so a soft-capped layer is computed explicitly (fp32 softmax).
     """
-    n_rep = q.shape[1] // k.shape[1]
     if softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-                                              dropout_p=dropout, scale=scaling, enable_gqa=n_rep > 1)
-    k, v = _repeat(k, n_rep), _repeat(v, n_rep)
+                                              dropout_p=dropout, scale=scaling)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     s = torch.tanh((q @ k.transpose(-1, -2)) * scale / softcap) * softcap  # [B, H, Q, K]
     Q, K = s.shape[-2:]
@@ -245,6 +215,7 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
     query [B, H, L, D], key/value [B, Hkv, L, D] → ([B, L, H, D], None).
     """
     plan: TreePlan | None = kwargs.pop(TREE_KWARG, None)
+    n_rep = query.shape[1] // key.shape[1]
     if plan is None:
         if softcap is None:
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -252,7 +223,7 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                           sliding_window=sliding_window, **kwargs)
         causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
-        out = _attend(query, key, value, attention_mask, causal, scaling, softcap, dropout)
+        out = _attend(query, _repeat(key, n_rep), _repeat(value, n_rep), attention_mask, causal, scaling, softcap, dropout)
         return out.transpose(1, 2).contiguous(), None
     if kwargs.get("s_aux") is not None:  # gpt-oss's learned attention sinks: an extra softmax column per head
         # a refusal, not a stub: the support self-test turns it into the one-line error naming the architecture
@@ -273,14 +244,12 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         mask = plan.dense
         if sliding_window is not None:
             mask = mask & _window(plan.positions, plan.positions, sliding_window)[:, None]
-        elif softcap is None:
-            mask = _additive(mask, query, plan.additive)
-        out = _attend(query, key, value, mask, False, scaling, softcap, dropout)
+        out = _attend(query, _repeat(key, n_rep), _repeat(value, n_rep), mask, False, scaling, softcap, dropout)
         return out.transpose(1, 2).contiguous(), None
     B, H, L, D = query.shape
     rows = []
     for r, (blocks, length) in enumerate(zip(plan.rows, plan.lengths)):
-        outs, run, k_run, v_run = [], None, None, None
+        outs = []
         for blk in blocks:
             mask = blk.mask
             if sliding_window is not None:
@@ -291,16 +260,9 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
                     if mask is None:  # causal over the run itself: keys == queries
                         mask = torch.ones_like(near).tril()
                     mask = mask & near
-            if mask is blk.mask and mask is not None and softcap is None:  # the plan's own mask: one copy for all layers
-                mask = _additive(mask, query, blk.additive)
             q = query[r : r + 1, :, blk.q0 : blk.q1]
-            if blk.run_ranges is None:  # a root run: one causal block over its own span
-                k, v = _gather(key[r : r + 1], blk.key_ranges), _gather(value[r : r + 1], blk.key_ranges)
-            else:
-                if blk.run_ranges is not run:  # the run's keys once; each of its blocks takes a leading view
-                    run = blk.run_ranges
-                    k_run, v_run = _gather(key[r : r + 1], run), _gather(value[r : r + 1], run)
-                k, v = k_run[:, :, : blk.n_keys], v_run[:, :, : blk.n_keys]
+            k = _gather(key[r : r + 1], blk.key_ranges, n_rep)
+            v = _gather(value[r : r + 1], blk.key_ranges, n_rep)
             outs.append(_attend(q, k, v, mask, mask is None, scaling, softcap, dropout))
         if length < L:
             outs.append(query.new_zeros(1, H, L - length, D))

@@ -21,9 +21,9 @@
   trainable token.
 
 Not counted, since the formula is for the GPU's attention: segment attention (the CPU default,
-attention.py) also keeps each query block's additive mask once per micro-batch (its queries × its
-keys, in the queries' dtype) and, in every layer, one copy of the keys and values of each branch
-whose ancestors are not one span with it.
+attention.py) also keeps, in every layer and for every block of up to 512 queries of a branch
+under ancestors, SDPA's float copy of the block's mask (its queries × its keys) and a copy of the
+keys and values it attends to (ancestors included, grouped-query heads repeated).
 """
 
 from __future__ import annotations
