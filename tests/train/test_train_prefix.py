@@ -242,13 +242,16 @@ def test_training_with_a_step_prefix_equals_training_without_shared_prefixes(tin
     from clawgym.artifacts import read_jsonl
     from clawgym.train.loop import TrainConfig, train
 
+    from clawgym.train.setup import autocast_bf16
+
     step = _step_dir(tmp_path)
     got, forwarded = {}, {}
     for share in (True, False):
         out = tmp_path / f"{algo}-{share}"
-        train(TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model, out=out,
+        cfg = TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model, out=out,
                           algo=algo, lr=1e-3, token_budget=100, share_prefixes=share, value_warmup_steps=1,
-                          metrics=tmp_path / f"{share}.jsonl"))
+                          metrics=tmp_path / f"{share}.jsonl")
+        train(cfg)
         got[share] = {**load_file(out / "model.safetensors"),
                       **({f"value.{k}": v for k, v in load_file(out / "value" / "model.safetensors").items()} if algo == "ppo" else {})}
         forwarded[share] = read_jsonl(tmp_path / f"{share}.jsonl").records[-1]["train/tokens_forwarded"]
@@ -256,7 +259,17 @@ def test_training_with_a_step_prefix_equals_training_without_shared_prefixes(tin
     # whole rows and columns by ~1e-3. fp32 summation order changes a gradient within a few eps of zero enough to
     # move that one weight by ~1e-4, on some machines: so the test counts weights off by more than a tenth of lr,
     # and allows one in a thousand of each tensor. (The gradients themselves are compared to 1e-5 above.)
+    # Under bf16 autocast (CUDA) a gradient carries bf16's rounding, 2^-8 of its size, so every weight whose
+    # gradient is that close to zero can step either way (docs/training.md, "Precision and activation
+    # checkpointing"), and a small tensor can have a few: on an H200, 0.23% of the policy's weights were off, 2 of
+    # a 128-weight norm's. There the count is per model (policy, value), one in a hundred allowed; the same run
+    # with the prefix's gradient halved had 2.4% off, with it dropped 7.1%.
+    off = {k: int(((got[True][k] - w).abs() > 1e-4).sum()) for k, w in got[False].items()}
+    if autocast_bf16(cfg):
+        for model in ("policy", "value"):
+            keys = [k for k in off if k.startswith("value.") == (model == "value")]
+            n, total = sum(off[k] for k in keys), sum(got[False][k].numel() for k in keys)
+            assert n <= total // 100, f"{model}: {n} of {total} weights differ by more than 1e-4, most in {max(keys, key=off.get)}"
     for k, w in got[False].items():
-        off = int(((got[True][k] - w).abs() > 1e-4).sum())
-        assert off <= w.numel() // 1000, f"{k}: {off} of {w.numel()} weights differ by more than 1e-4"
+        assert autocast_bf16(cfg) or off[k] <= w.numel() // 1000, f"{k}: {off[k]} of {w.numel()} weights differ by more than 1e-4"
     assert forwarded[True] < forwarded[False] - 4 * 80  # the 80-token prompt once instead of once per rollout

@@ -61,12 +61,17 @@ class Ranks:
     sharding: FullyShardedDataParallelPlugin | None
 
 
+def autocast_bf16(cfg: TrainConfig) -> bool:
+    """Whether fp32 weights compute under bf16 autocast: on CUDA they do (docs/training.md), on CPU not."""
+    return torch.cuda.is_available() and cfg.precision == "fp32"
+
+
 def start_ranks(cfg: TrainConfig) -> Ranks:
     from accelerate import Accelerator
 
     cuda = torch.cuda.is_available()
     sharding = fsdp.plugin(bf16=cfg.precision == "bf16") if cfg.fsdp else None
-    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda and cfg.precision == "fp32" else "no",
+    accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if autocast_bf16(cfg) else "no",
                               kwargs_handlers=accelerator_kwargs(), fsdp_plugin=sharding)
     if sharding is not None:
         fsdp.enable(accelerator, sharding)
