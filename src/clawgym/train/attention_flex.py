@@ -111,7 +111,7 @@ def _tree_block_mask(tree: FlexTree, window: int | None):
             q = torch.arange(q0, q1, device=dev)
             k1 = tree.prefix + q1
             m = tree.allowed(b, q[:, None], kv[None, :k1], window)  # [q, k1]: keys after the last query are masked
-            nq = -(-q.numel() // FLEX_BLOCK)
+            nq = padded(q.numel()) // FLEX_BLOCK
             # Padding queries/keys count as masked, so a ragged last block is never taken as full.
             m = F.pad(m, (0, nbk * FLEX_BLOCK - k1, 0, nq * FLEX_BLOCK - q.numel())).view(nq, FLEX_BLOCK, nbk, FLEX_BLOCK)
             some, every = m.any(3).any(1), m.all(3).all(1)
