@@ -12,6 +12,10 @@
 4. Docker vs bubblewrap: the docker sandbox's open + `true` + close (a container started and
    removed) and one more command in an open sandbox, against the local sandbox's, when an engine
    with the base image answers (scripts/docker-engine.sh start); skipped, saying why, otherwise.
+5. OpenClaw (slim) from start to exit on one answered call, in a sandbox, with the compile cache its
+   install filled vs without it (Node compiles every module again, into the sandbox's fresh
+   TMPDIR): CPU seconds of its whole process tree. The stand-in endpoint of the install's warm-up
+   answers the call. Skipped, saying why, where OpenClaw is not installed.
 
 CPU is counted by a small probe that runs the command and reads its children's rusage: under
 bubblewrap's pid namespace the runner's own rusage never sees the sandboxed processes (their
@@ -35,7 +39,10 @@ from pathlib import Path
 
 import clawgym
 from clawgym.rollout.harnesses.agentloop import ENTRY
-from clawgym.rollout.sandbox import SandboxConfig, open_sandbox
+from clawgym.rollout.harnesses.base import Endpoint
+from clawgym.rollout.harnesses.openclaw import OpenClaw
+from clawgym.rollout.harnesses.warmup import answering_endpoint
+from clawgym.rollout.sandbox import ProxyEndpoint, SandboxConfig, open_sandbox
 from clawgym.rollout.sandbox_docker import prepare_engine
 
 import results_md  # bench/results_md.py: --write-results
@@ -123,6 +130,35 @@ def cpu_in_sandbox(code: str, repeats: int, network: str) -> list[float]:
     return out
 
 
+def openclaw_cpu(repeats: int, network: str, cached: bool) -> list[float]:
+    """CPU seconds of slim OpenClaw answering one call in a fresh sandbox, per repeat."""
+    harness, out = OpenClaw(slim=True, max_tokens=16), []
+    harness.prepare()
+    with answering_endpoint() as url:
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(repeats):
+            with open_sandbox("local", None, SandboxConfig(network=network, proxy=ProxyEndpoint(port))) as sb:
+                launch = harness.launch("Reply with ok.", Path(sb.path_inside(sb.workspace)), Path(sb.path_inside(sb.home)),
+                                        Endpoint(f"http://127.0.0.1:{port}", "k"))
+                launch.write_files(Path(sb.home))
+                env = launch.env if cached else {k: v for k, v in launch.env.items() if k != "NODE_COMPILE_CACHE"}
+                r = sb.run([sys.executable, "-I", "-S", "-c", PROBE, *launch.argv], env=env, timeout=600, name="harness")
+                if not r.ok:
+                    sys.exit(f"OpenClaw failed in the sandbox: {r.stderr()[-500:]}")
+                out.append(json.loads(r.stdout().strip().splitlines()[-1]))
+    return out
+
+
+def openclaw_rows(n: int, network: str) -> None:
+    """Section 5: OpenClaw's start with and without its install's compile cache, or why it is skipped."""
+    if (why := OpenClaw().missing()) is not None:
+        print(f"5. OpenClaw start: skipped ({why})")
+        return
+    cold, warm = openclaw_cpu(n, network, cached=False), openclaw_cpu(n, network, cached=True)
+    print(f"5. OpenClaw (slim) start to exit on one call: {median(warm):.2f} CPU s with its install's compile cache "
+          f"vs {median(cold):.2f} CPU s compiling in the sandbox: x{median(warm) / median(cold):.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=8)
@@ -154,6 +190,7 @@ def main() -> None:
     print(f"3. verifier-like python start: {median(python):.3f} CPU s; the agentloop start is "
           f"{median(harness) - median(python):.2f} CPU s more per rollout")
     docker_rows(n, args.network, median(walls))
+    openclaw_rows(n, args.network)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
             raise UserError(f"bad options for harness '{name}': {e}") from None
         if (why := harnesses[name].missing()) is not None:
             raise UserError(why)
+        if hasattr(harnesses[name], "prepare"):
+            harnesses[name].prepare()
     return select_tasks(config), harnesses
 
 

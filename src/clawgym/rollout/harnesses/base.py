@@ -59,6 +59,11 @@ class Outcome:
 
 
 class Harness(Protocol):
+    """An adapter. Two methods are optional: `install()` (an npm harness: `clawgym harness install`)
+    and `prepare()`, which the runner calls once per rollout stage before any rollout starts, for
+    one-time work on this machine that rollouts would otherwise each repeat (OpenClaw: its compile
+    cache). `prepare` must be quick when there is nothing to do, and must not fail a run."""
+
     name: str
     protocol: str
     """anthropic | openai-chat | openai-responses"""

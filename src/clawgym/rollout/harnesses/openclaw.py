@@ -5,6 +5,9 @@ Node 20 npm silently installs an empty 0.0.1 placeholder), so we install Node 24
 it. `agent exec` is its headless entry point; a per-run JSON5 config points a custom provider at
 the proxy. It rewrites tool-call ids (drops `_`), which the proxy's matching tolerates. Start-up is
 slow (tens of seconds and over a gigabyte of RSS on a small machine): give it a generous timeout.
+Part of that start is compiling its JavaScript, which Node caches in TMPDIR by default, fresh in every
+sandbox; `install` fills a compile cache next to the install with one run, and every launch points
+Node at it (docs/harnesses.md, "openclaw").
 
 As installed, its first prompt does not fit a small model's 8k window. `slim` turns off, through
 documented config keys, what a rollout does not use: the skills list, workspace bootstrap files,
@@ -17,12 +20,16 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from clawgym.artifacts import Transcript
 from clawgym.errors import UserError
 from clawgym.rollout.harnesses import npm
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_flag, check_option, classify_by_tools, exit_text
+from clawgym.rollout.harnesses.warmup import answering_endpoint
 from clawgym.rollout.transcript import from_proxy
 
 VERSION = "2026.9.6"
@@ -53,10 +60,48 @@ class OpenClaw(npm.NpmHarness):
     def entry(self) -> Path:
         return self.folder / "node_modules" / "openclaw" / "openclaw.mjs"
 
+    def compile_cache(self) -> Path:
+        """Node's compile cache for OpenClaw's modules, filled at install; rollouts only read it."""
+        return self.folder / "compile-cache"
+
     def install(self) -> Path:
         node_bin = npm.node24_bin()
         npm.npm_install(self.folder, [PACKAGE], node_bin=node_bin)
+        self.warm_compile_cache()
         return self.entry()
+
+    def prepare(self) -> None:
+        """Fill the compile cache of an install made without one (before clawgym filled it at
+        install); if that fails, say so in one line and let rollouts compile as before."""
+        if (self.compile_cache() / f"filled-{VERSION}").exists():
+            return
+        print(f"{self.title}: filling its compile cache, once", file=sys.stderr)
+        try:
+            self.warm_compile_cache()
+        except UserError as e:
+            print(f"warning: {e}; each rollout compiles OpenClaw's modules at its start", file=sys.stderr)
+
+    def warm_compile_cache(self, timeout_s: float = 300.0) -> None:
+        """One `agent exec` turn with this adapter's options (at install, OpenClaw as installed,
+        which loads every module a slim run does and more) against a stand-in endpoint, with Node's
+        compile cache at `compile_cache()`. Node keys each entry by the module's path and content,
+        so a reinstall or another version only adds entries."""
+        with tempfile.TemporaryDirectory(prefix="clawgym-openclaw-warmup-") as tmp, answering_endpoint() as url:
+            home, workspace = Path(tmp) / "home", Path(tmp) / "workspace"
+            home.mkdir()
+            workspace.mkdir()
+            launch = self.launch("Reply with ok.", workspace, home, Endpoint(base_url=url, api_key="warmup"))
+            launch.write_files(home)
+            env = launch.env | {"HOME": str(home), "TMPDIR": str(home), "NODE_COMPILE_CACHE": str(self.compile_cache())}
+            try:
+                r = subprocess.run(launch.argv, env=env, cwd=workspace, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise UserError(f"{self.title} did not finish its warm-up turn within {timeout_s:.0f} s, so its "
+                                "compile cache is not filled") from None
+        if r.returncode != 0 or not self.compile_cache().is_dir():
+            why = self.outcome(r.returncode, r.stdout, r.stderr).message or exit_text(r.returncode)
+            raise UserError(f"{self.title} failed its warm-up turn ({why}), so its compile cache is not filled")
+        (self.compile_cache() / f"filled-{VERSION}").touch()  # what `prepare` looks for
 
     def missing(self) -> str | None:
         if not (npm.node24_dir() / "node").exists() or not self.entry().exists():
@@ -92,6 +137,9 @@ class OpenClaw(npm.NpmHarness):
         env = {"OPENCLAW_STATE_DIR": str(home / ".openclaw"), "OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_DISABLE_BONJOUR": "1",
                # its workers may spawn `node`: Node 24 first on PATH
                "PATH": f"{node_bin}:/usr/local/bin:/usr/bin:/bin"}
+        if self.compile_cache().is_dir():
+            # read-only in a sandbox: Node reads the install's entries and skips writing its own
+            env["NODE_COMPILE_CACHE"] = str(self.compile_cache())
         return Launch(argv=argv, env=env, files={"openclaw.json5": json.dumps(config, indent=2)})
 
     def outcome(self, exit_code: int, stdout: str, stderr: str) -> Outcome:
