@@ -117,16 +117,20 @@ def bare_start(repeats: int) -> list[float]:
     return walls
 
 
+def probed_cpu(sb, argv: list[str], env: dict[str, str], timeout: float) -> float:
+    """CPU seconds of `argv` and its children in the open sandbox `sb`, counted by the probe."""
+    r = sb.run([sys.executable, "-I", "-S", "-c", PROBE, *argv], timeout=timeout, env=env)
+    if not r.ok:
+        sys.exit(f"{Path(argv[0]).name} failed in the sandbox: {r.stderr()[-500:]}")
+    return json.loads(r.stdout().strip().splitlines()[-1])
+
+
 def cpu_in_sandbox(code: str, repeats: int, network: str) -> list[float]:
-    """CPU seconds of `python -c CODE` in a fresh sandbox, per repeat (counted by the probe)."""
+    """CPU seconds of `python -c CODE` in a fresh sandbox, per repeat."""
     out = []
     for _ in range(repeats):
         with open_sandbox("local", None, SandboxConfig(network=network)) as sb:
-            r = sb.run([sys.executable, "-I", "-S", "-c", PROBE, sys.executable, "-c", code], timeout=120,
-                       env={"PYTHONPATH": PACKAGE_ROOT})
-            if not r.ok:
-                sys.exit(f"the probe failed in the sandbox: {r.stderr()[-500:]}")
-            out.append(json.loads(r.stdout().strip().splitlines()[-1]))
+            out.append(probed_cpu(sb, [sys.executable, "-c", code], {"PYTHONPATH": PACKAGE_ROOT}, 120))
     return out
 
 
@@ -142,10 +146,7 @@ def openclaw_cpu(repeats: int, network: str, cached: bool) -> list[float]:
                                         Endpoint(f"http://127.0.0.1:{port}", "k"))
                 launch.write_files(Path(sb.home))
                 env = launch.env if cached else {k: v for k, v in launch.env.items() if k != "NODE_COMPILE_CACHE"}
-                r = sb.run([sys.executable, "-I", "-S", "-c", PROBE, *launch.argv], env=env, timeout=600, name="harness")
-                if not r.ok:
-                    sys.exit(f"OpenClaw failed in the sandbox: {r.stderr()[-500:]}")
-                out.append(json.loads(r.stdout().strip().splitlines()[-1]))
+                out.append(probed_cpu(sb, launch.argv, env, 600))
     return out
 
 

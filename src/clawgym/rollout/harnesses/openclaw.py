@@ -29,7 +29,6 @@ from clawgym.artifacts import Transcript
 from clawgym.errors import UserError
 from clawgym.rollout.harnesses import npm
 from clawgym.rollout.harnesses.base import Endpoint, Launch, Outcome, check_flag, check_option, classify_by_tools, exit_text
-from clawgym.rollout.harnesses.warmup import answering_endpoint
 from clawgym.rollout.transcript import from_proxy
 
 VERSION = "2026.9.6"
@@ -86,6 +85,10 @@ class OpenClaw(npm.NpmHarness):
         which loads every module a slim run does and more) against a stand-in endpoint, with Node's
         compile cache at `compile_cache()`. Node keys each entry by the module's path and content,
         so a reinstall or another version only adds entries."""
+        # here, not at the top: only an install (or an older install's first stage) serves a warm-up,
+        # and http.server would otherwise load with every command that imports the runner
+        from clawgym.rollout.harnesses.warmup import answering_endpoint
+
         with tempfile.TemporaryDirectory(prefix="clawgym-openclaw-warmup-") as tmp, answering_endpoint() as url:
             home, workspace = Path(tmp) / "home", Path(tmp) / "workspace"
             home.mkdir()
