@@ -14,8 +14,10 @@
    with the base image answers (scripts/docker-engine.sh start); skipped, saying why, otherwise.
 5. OpenClaw (slim) from start to exit on one answered call, in a sandbox, with the compile cache its
    install filled vs without it (Node compiles every module again, into the sandbox's fresh
-   TMPDIR): CPU seconds of its whole process tree. The stand-in endpoint of the install's warm-up
-   answers the call. Skipped, saying why, where OpenClaw is not installed.
+   TMPDIR), and without its plugins (slim's setting) vs with them loaded (the request is the same:
+   tests/rollout/test_openclaw_slim.py): CPU seconds of its whole process tree. The stand-in
+   endpoint of the install's warm-up answers the call. Skipped, saying why, where OpenClaw is not
+   installed.
 
 CPU is counted by a small probe that runs the command and reads its children's rusage: under
 bubblewrap's pid namespace the runner's own rusage never sees the sandboxed processes (their
@@ -29,6 +31,7 @@ namespace's init reaps them), so `/usr/bin/time` around a rollout run undercount
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import statistics
@@ -134,8 +137,9 @@ def cpu_in_sandbox(code: str, repeats: int, network: str) -> list[float]:
     return out
 
 
-def openclaw_cpu(repeats: int, network: str, cached: bool) -> list[float]:
-    """CPU seconds of slim OpenClaw answering one call in a fresh sandbox, per repeat."""
+def openclaw_cpu(repeats: int, network: str, cached: bool, plugins: bool = False) -> list[float]:
+    """CPU seconds of slim OpenClaw answering one call in a fresh sandbox, per repeat (with its
+    plugins loaded, as installed, where `plugins`)."""
     harness, out = OpenClaw(slim=True, max_tokens=16), []
     harness.prepare()
     with answering_endpoint() as url:
@@ -144,6 +148,10 @@ def openclaw_cpu(repeats: int, network: str, cached: bool) -> list[float]:
             with open_sandbox("local", None, SandboxConfig(network=network, proxy=ProxyEndpoint(port))) as sb:
                 launch = harness.launch("Reply with ok.", Path(sb.path_inside(sb.workspace)), Path(sb.path_inside(sb.home)),
                                         Endpoint(f"http://127.0.0.1:{port}", "k"))
+                if plugins:
+                    config = json.loads(launch.files["openclaw.json5"])
+                    del config["plugins"]
+                    launch = dataclasses.replace(launch, files={"openclaw.json5": json.dumps(config)})
                 launch.write_files(Path(sb.home))
                 env = launch.env if cached else {k: v for k, v in launch.env.items() if k != "NODE_COMPILE_CACHE"}
                 out.append(probed_cpu(sb, launch.argv, env, 600))
@@ -156,8 +164,11 @@ def openclaw_rows(n: int, network: str) -> None:
         print(f"5. OpenClaw start: skipped ({why})")
         return
     cold, warm = openclaw_cpu(n, network, cached=False), openclaw_cpu(n, network, cached=True)
+    loaded = openclaw_cpu(n, network, cached=True, plugins=True)
     print(f"5. OpenClaw (slim) start to exit on one call: {median(warm):.2f} CPU s with its install's compile cache "
-          f"vs {median(cold):.2f} CPU s compiling in the sandbox: x{median(warm) / median(cold):.2f}")
+          f"vs {median(cold):.2f} CPU s compiling in the sandbox: x{median(warm) / median(cold):.2f}; "
+          f"without its plugins (slim) vs with them loaded: {median(warm):.2f} vs {median(loaded):.2f} CPU s: "
+          f"x{median(warm) / median(loaded):.2f}")
 
 
 def main() -> None:

@@ -136,7 +136,7 @@ def test_openclaw_slim_config(tmp_path: Path) -> None:
     # a shell and the file tools, each with its schema (no deferred catalog), apply_patch not added by `write`
     assert slim["tools"] == {"allow": ["exec", "read", "write", "edit"], "toolSearch": False, "deny": ["apply_patch"]}
     assert slim["agents"]["defaults"] == {"model": plain["agents"]["defaults"]["model"], "skills": [], "contextInjection": "never"}
-    assert slim["plugins"] == {"slots": {"memory": "none"}} and slim["models"] == plain["models"]
+    assert slim["plugins"] == {"enabled": False} and slim["models"] == plain["models"]  # no plugins, memory's among them
     assert config(slim=True, tools="exec, write")["tools"]["allow"] == ["exec", "write"]
     # `tools` alone narrows the tools and leaves the rest as OpenClaw has it; naming apply_patch keeps it
     only = config(tools="exec,write,apply_patch")

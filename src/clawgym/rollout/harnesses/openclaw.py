@@ -11,8 +11,8 @@ Node at it (docs/harnesses.md, "openclaw").
 
 As installed, its first prompt does not fit a small model's 8k window. `slim` turns off, through
 documented config keys, what a rollout does not use: the skills list, workspace bootstrap files,
-the memory plugin, and every tool but a short allowlist (`tools`), which also drops the
-deferred-tool catalog and its search tools. The sections OpenClaw always writes stay
+its plugins (the memory plugin among them), and every tool but a short allowlist (`tools`), which
+also drops the deferred-tool catalog and its search tools. The sections OpenClaw always writes stay
 (docs/harnesses.md, "openclaw").
 """
 
@@ -130,9 +130,10 @@ class OpenClaw(npm.NpmHarness):
                 config["tools"]["deny"] = ["apply_patch"]
         if self.slim:
             # no skills list; no AGENTS.md/SOUL.md/... injected from the workspace (not even their
-            # "[MISSING]" markers); no memory plugin (its recall section and tools)
+            # "[MISSING]" markers); no plugins: the memory plugin's recall section and tools go, and
+            # each start skips finding and loading the rest, which add nothing to a slim prompt
             config["agents"]["defaults"] |= {"skills": [], "contextInjection": "never"}
-            config["plugins"] = {"slots": {"memory": "none"}}
+            config["plugins"] = {"enabled": False}
         node_bin = npm.node24_dir()
         argv = [str(node_bin / "node"), str(self.entry()), "agent", "exec", instruction, "--config",
                 str(home / "openclaw.json5"), "--cwd", str(workspace), "--model", f"clawgym/{endpoint.model}", "--json",

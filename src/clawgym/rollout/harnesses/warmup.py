@@ -53,6 +53,8 @@ class _Handler(BaseHTTPRequestHandler):
             request = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         except json.JSONDecodeError:
             request = {}
+        if (received := getattr(self.server, "received", None)) is not None:
+            received.append(request)
         model = str(request.get("model", "warmup"))
         if request.get("stream"):
             body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in _chunks(model)) + b"data: [DONE]\n\n"
@@ -62,10 +64,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def answering_endpoint() -> Iterator[str]:
+def answering_endpoint(received: list[dict] | None = None) -> Iterator[str]:
     """A Chat Completions endpoint on a free local port, for as long as the block runs; yields its
-    base URL (without `/v1`)."""
+    base URL (without `/v1`). Each request body it is sent is appended to `received`, if given:
+    what a harness's configuration puts in its requests, seen without a model."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.received = received  # type: ignore[attr-defined]  (read by the handler)
     thread = threading.Thread(target=server.serve_forever, name="warmup-endpoint", daemon=True)
     thread.start()
     try:
