@@ -13,10 +13,11 @@
 # Rows: `base` (SmolLM2-135M-Instruct as the runs start it: the first run's RUN/model-init), then
 # for each run `<run>-sft` (its SFT cold start, RUN/checkpoints/sft; SFT=0 leaves these out) and
 # `<run>` (its last step checkpoint). Every policy is evaluated in every harness by
-# `clawgym compare`, with the recipes' own engine, chat template and slim harness settings, on the
-# held-out lookup tasks; a cell is Pass@1 ± its standard error over tasks. A rerun resumes the
-# rollouts already in OUT; one with more RUNS, HARNESSES or N runs only what it adds. A run named in RUNS that has no step checkpoint is an error. DRY_RUN=1
-# prints the compare command instead of running it.
+# `clawgym compare`, with the recipes' own engine, chat template, slim harness settings and bound on
+# a rollout's calls, on the held-out lookup tasks; a cell is Pass@1 ± its standard error over tasks.
+# A rerun resumes the rollouts already in OUT; one with more RUNS, HARNESSES or N runs only what it
+# adds. A run named in RUNS that has no step checkpoint is an error. DRY_RUN=1 prints the compare
+# command instead of running it.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +31,8 @@ HARNESSES="${HARNESSES:-agentloop,claude-code,codex}"           # the columns
 N="${N:-1}"                                                     # samples per task and harness
 CONCURRENCY="${CONCURRENCY:-8}"
 TIMEOUT="${TIMEOUT:-900}"                                       # seconds per rollout
+MAX_CALLS="${MAX_CALLS:-6}"  # codex.toml's and openclaw.toml's bound: a policy that keeps calling there ends at it, not
+                             # at TIMEOUT; agentloop and Claude Code end sooner, at their max_turns (0: no bound)
 CLAWGYM="${CLAWGYM:-clawgym}"
 
 # the recipes' [engine] and [rollout.<harness>] settings (tests/test_recipes.py checks they agree)
@@ -66,7 +69,7 @@ if [ ${#policies[@]} -eq 0 ]; then
 fi
 
 cmd=("$CLAWGYM" compare "${policies[@]}" --tasks "$TASKS" --harness "$HARNESSES" --n "$N"
-     --concurrency "$CONCURRENCY" --timeout "$TIMEOUT" "${OPTIONS[@]}" --out "$OUT")
+     --concurrency "$CONCURRENCY" --timeout "$TIMEOUT" --max-calls "$MAX_CALLS" "${OPTIONS[@]}" --out "$OUT")
 if [ -n "${DRY_RUN:-}" ]; then  # print the command, one word a line, and run nothing
   printf '%s\n' "${cmd[@]}"
   exit 0

@@ -158,7 +158,7 @@ def test_sft_tasks_per_step_draws_the_teacher_tasks_once(tmp_path: Path) -> None
 
 def test_the_harness_table_script_evaluates_every_run_with_the_recipes_settings(tmp_path: Path) -> None:
     """recipes/harness-table.sh (DRY_RUN=1 prints its `clawgym compare` command): a row for the base
-    policy, each run's SFT and last step checkpoints, and the recipes' own harness settings."""
+    policy, each run's SFT and last step checkpoints, and the recipes' own harness settings and bound on calls."""
     import subprocess
 
     from clawgym.rollout.config import harness_options
@@ -180,10 +180,13 @@ def test_the_harness_table_script_evaluates_every_run_with_the_recipes_settings(
     assert flags["--harness"] == ["agentloop,claude-code,codex"] and flags["--tasks"] == [str(ROOT / "recipes" / "tasks" / "lookup" / "heldout")]
     options = harness_options(flags["--harness-option"], "--harness-option")  # each harness as its recipes set it
     assert set(options) == {h for hs in HARNESS_RECIPES.values() for h in hs}
+    bounds = set()
     for run in HARNESS_RECIPES:
         r = load_recipe(ROOT / "recipes" / f"{run}.toml")
         assert all(options[h] == o for h, o in r.rollout.harness_options.items()), run
         assert (flags["--engine"], flags["--chat-template"]) == ([r.engine.name], [r.engine.chat_template])
+        bounds |= {r.rollout.max_calls} - {0}
+    assert flags["--max-calls"] == [str(b) for b in bounds]  # the recipes' one bound on a rollout's calls
     (tmp_path / "codex" / "checkpoints" / "step-0002").rmdir()
     (tmp_path / "codex" / "checkpoints" / "step-0003").rmdir()
     r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "RUNS_DIR": str(tmp_path)},
