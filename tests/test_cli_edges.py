@@ -245,6 +245,28 @@ def test_run_stops_on_sigterm_with_143(tmp_path: Path) -> None:
     _assert_stopped(code, err, signal.SIGTERM)
 
 
+def test_a_sigterm_that_the_interrupted_code_wraps_still_stops_with_143(monkeypatch) -> None:
+    # The signal lands in a class body's __set_name__, as during an import; Python 3.11 wraps the
+    # interrupt raised there in a RuntimeError, which must still read as the stop, not a crash.
+    import clawgym.cli as cli
+
+    def app() -> None:
+        class Field:
+            def __set_name__(self, owner, name):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here, at the next bytecode
+
+        class Owner:  # noqa: F841 (its creation calls __set_name__)
+            name = Field()
+
+    monkeypatch.setattr(cli, "app", app)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) is before  # main() put the handler back
+
+
 # --- 3. reruns: same settings resume, other settings are refused -------------------------------
 
 

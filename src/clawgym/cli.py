@@ -676,6 +676,20 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt()
 
 
+def _raised_by_a_stop(error: BaseException) -> bool:
+    """Whether a stop signal's interrupt is in `error`'s cause chain: code the signal landed in may wrap
+    what it catches (Python 3.11 turns an exception in a class body's `__set_name__`, as in an import
+    under way, into a RuntimeError whose cause is the interrupt)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _stopped() -> None:
     """One line and the shell's status for a stop signal: 143 after SIGTERM, 130 after SIGINT."""
     import signal
@@ -712,6 +726,10 @@ def main() -> None:
         _stopped()
     except SystemExit:
         if _SIGNALS:
+            _stopped()
+        raise
+    except Exception as e:
+        if _SIGNALS and _raised_by_a_stop(e):
             _stopped()
         raise
     finally:
