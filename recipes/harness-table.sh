@@ -12,12 +12,13 @@
 #
 # Rows: `base` (SmolLM2-135M-Instruct as the runs start it: the first run's RUN/model-init), then
 # for each run `<run>-sft` (its SFT cold start, RUN/checkpoints/sft; SFT=0 leaves these out) and
-# `<run>` (its last step checkpoint). Every policy is evaluated in every harness by
-# `clawgym compare`, with the recipes' own engine, chat template, slim harness settings and bound on
-# a rollout's calls, on the held-out lookup tasks; a cell is Pass@1 ± its standard error over tasks.
-# A rerun resumes the rollouts already in OUT; one with more RUNS, HARNESSES or N runs only what it
-# adds. A run named in RUNS that has no step checkpoint is an error. DRY_RUN=1 prints the compare
-# command instead of running it.
+# `<run>` (its last step checkpoint); BASE=0 leaves the base row out, for a table that adds rows to
+# one measured before. Every policy is evaluated in every harness by `clawgym compare`, with the
+# recipes' own engine, chat template, slim harness settings and bound on a rollout's calls, on the
+# held-out lookup tasks; a cell is Pass@1 ± its standard error over tasks. A rerun resumes the
+# rollouts already in OUT; one with more RUNS, HARNESSES or N runs only what it adds. A run named in
+# RUNS that has no step checkpoint is an error. DRY_RUN=1 prints the compare command instead of
+# running it.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +26,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RUNS_DIR="${RUNS_DIR:-$HERE/runs}"                              # where `clawgym run` put the runs
 RUNS="${RUNS:-whitebox claude-code codex mix-harness-smollm2}"  # the rows, in order
 SFT="${SFT:-1}"                                                 # 1: a row for each run's SFT policy too
+BASE="${BASE:-1}"                                               # 1: a row for the base policy first
 OUT="${OUT:-$RUNS_DIR/harness-table}"
 TASKS="${TASKS:-$HERE/tasks/lookup/heldout}"                    # the recipes' held-out set (48 tasks)
 HARNESSES="${HARNESSES:-agentloop,claude-code,codex}"           # the columns
@@ -55,7 +57,7 @@ for run in $RUNS; do
     echo "error: $dir has no step checkpoint: run \`clawgym run recipes/$run.toml\` first, or leave $run out of RUNS" >&2
     exit 1
   fi
-  if [ ${#policies[@]} -eq 0 ]; then
+  if [ "$BASE" = 1 ] && [ ${#policies[@]} -eq 0 ]; then
     policies+=(--policy "base=$dir/model-init")
   fi
   if [ "$SFT" = 1 ] && [ -d "$dir/checkpoints/sft" ]; then

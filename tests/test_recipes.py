@@ -187,6 +187,12 @@ def test_the_harness_table_script_evaluates_every_run_with_the_recipes_settings(
         assert (flags["--engine"], flags["--chat-template"]) == ([r.engine.name], [r.engine.chat_template])
         bounds |= {r.rollout.max_calls} - {0}
     assert flags["--max-calls"] == [str(b) for b in bounds]  # the recipes' one bound on a rollout's calls
+    r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "RUNS_DIR": str(tmp_path),
+                                                   "BASE": "0", "SFT": "0", "RUNS": "codex mix-harness-smollm2"},
+                       capture_output=True, text=True, check=True)
+    words = r.stdout.splitlines()
+    assert [v for f, v in zip(words[2::2], words[3::2]) if f == "--policy"] == [
+        f"{run}={tmp_path}/{run}/checkpoints/step-0003" for run in ("codex", "mix-harness-smollm2")]  # no base row
     (tmp_path / "codex" / "checkpoints" / "step-0002").rmdir()
     (tmp_path / "codex" / "checkpoints" / "step-0003").rmdir()
     r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "RUNS_DIR": str(tmp_path)},
