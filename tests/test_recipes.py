@@ -86,12 +86,12 @@ def test_lora_keys_reach_the_train_config(tmp_path: Path) -> None:
 def test_the_cold_start_trains_with_the_memory_settings_of_train_but_its_own_rate(tmp_path: Path) -> None:
     """Teacher demonstrations are as long as the rollouts, so [train]'s activation checkpointing and
     head chunks hold for the cold start too; the optimizer's settings stay [sft]'s."""
-    r = load_recipe(_recipe(tmp_path, "[train]\nlr = 0.01\nminibatches = 2\nactivation_checkpointing = true\nhead_chunk = 64\n"
+    r = load_recipe(_recipe(tmp_path, "[train]\nlr = 0.01\nminibatches = 2\nactivation_checkpointing = false\nhead_chunk = 64\n"
                                       "token_budget = 4096\n\n[sft]\nn = 1\nfamily = \"lookup\"\nlr = 0.5\nminibatches = 3\n"))
     sft, step = r.sft_train_config(tmp_path / "m"), r.train_config(1, tmp_path / "m")
     assert (sft.algo, sft.lr, sft.minibatches, step.lr, step.minibatches) == ("sft", 0.5, 3, 0.01, 2)
     for cfg in (sft, step):
-        assert (cfg.activation_checkpointing, cfg.head_chunk, cfg.token_budget) == (True, 64, 4096)
+        assert (cfg.activation_checkpointing, cfg.head_chunk, cfg.token_budget) == (False, 64, 4096)  # not the defaults
 
 
 def test_harness_options_and_engine_options_are_kept(tmp_path: Path) -> None:

@@ -51,6 +51,8 @@ def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> Non
                     "  tree 0.36 (49,040 tok saved) | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s")
     cached = step_line(3, 8, {**values, "proxy/prefix_hit_rate": 0.912, "proxy/prompt_computed_share": 0.088}, eta_s=None)
     assert "  tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout" in cached
+    peaks = step_line(3, 8, {**values, "memory/collect_peak_gib": 2.13, "memory/optimize_peak_gib": 4.21}, eta_s=492)
+    assert peaks.endswith("| rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | peak GiB rollout 2.1  train 4.2 | ETA 8m12s")
     with_kl = step_line(1, 1, {**values, "train/kl_ref": 0.25}, eta_s=None)
     assert "kl 0.2500" in with_kl and "mismatch" not in with_kl and "ETA" not in with_kl
     sft = {"rollout/teacher_reward_mean": 1.0, "train/sft_loss_first": 2.5, "train/sft_loss_last": 0.5,

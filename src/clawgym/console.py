@@ -119,7 +119,8 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     """One readable line of a step's metrics.jsonl values, e.g.
 
         step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
-        tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s
+        tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s
+        | peak GiB rollout 2.1  trees 0.9  train 4.2  sync 1.6  eval 2.0 | ETA 8m12s
 
     Metrics absent from `values` are left out.
     """
@@ -132,9 +133,12 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     if M.PREFIX_HIT_RATE in v:  # what the engine's prefix cache spared the step's prompts (docs/engines.md)
         parts.append(f"prefix cache {v[M.PREFIX_HIT_RATE]:.0%} hit, {v.get(M.PROMPT_COMPUTED_SHARE, 1.0):.0%} computed")
     phases = [f"{p.label} {duration(v[p.key])}" for p in M.PHASES if p.key in v]
+    peaks = [f"{p.label} {v[p.peak_key]:.1f}" for p in M.PHASES if p.peak_key in v]
     line = "  ".join(parts)
     if phases:
         line += " | " + "  ".join(phases)
+    if peaks:  # the process's resident high-water mark in each phase: the trainer's, the engine's
+        line += " | peak GiB " + "  ".join(peaks)
     if eta_s is not None:
         line += f" | ETA {duration(eta_s)}"
     return line

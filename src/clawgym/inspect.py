@@ -288,6 +288,7 @@ RUN_COLUMNS = [
     ("train/loss", "loss"), ("train/entropy", "entropy"), ("train/mismatch_abs", "|Δlogp|"),
     ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
     ("train/clip_frac", "clip"), (M.PASS_AT_1, "eval Pass@1"), (M.STEP_SECONDS, "step s"),
+    (M.COLLECT.peak_key, "rollout GiB"), (M.OPTIMIZE.peak_key, "train GiB"), ("train/peak_gib", "train GiB"),
 ]
 
 
@@ -316,6 +317,8 @@ def inspect_run(path: Path, console: Console) -> None:
     eval_cols = [(k, f"eval {k.split('/')[1]}") for k in sorted(keys) if k.startswith(M.EVAL) and k.endswith("/pass@1")
                  and k.count("/") == 2 and not k.startswith(M.EVAL_BASE)]
     i = next(i for i, (k, _) in enumerate(RUN_COLUMNS) if k == M.PASS_AT_1) + 1
+    if M.OPTIMIZE.peak_key in keys:  # the whole train phase's peak (`clawgym run`) over train.jsonl's per-update one
+        keys.discard("train/peak_gib")
     cols = [(k, title) for k, title in RUN_COLUMNS[:1] + harness_cols + RUN_COLUMNS[1:i] + eval_cols + RUN_COLUMNS[i:]
             if k in keys]
     t = Table("step", *(title for _, title in cols), title=f"run {path}", title_justify="left")

@@ -8,6 +8,10 @@ process in `clawgym run`, so the figure is what they held together at the phase'
 /proc), the figure is the process's peak since it started (`ru_maxrss`), which still names the phase
 in which the run's peak was reached: the first phase whose figure equals the run's largest.
 
+`room` is how far this process's resident memory may still grow: the machine's MemAvailable, or
+less where a cgroup (a container, a systemd slice) caps the memory below what the machine has left.
+The trainer's memory check and the engine's prefix-cache budget both start from it.
+
 `release` hands the heap memory freed by a phase back to the OS. glibc's malloc keeps freed blocks
 below its mmap threshold in the process, and a training phase frees many such blocks (activations,
 the model and optimizer it loaded): without a trim the next phase starts with them still resident,
@@ -53,6 +57,51 @@ def peak_gib() -> float:
         return hwm / GIB
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB  # bytes on macOS, KiB elsewhere
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def _cgroup_room() -> int | None:
+    """The cgroup's limit less what the cgroup already uses (v2, then v1); None without a limit."""
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        own = []
+    rel = next((line.split(":", 2)[2] for line in own if line.startswith("0::")), "/")
+    for d in (v2 / rel.lstrip("/"), v2):
+        limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")
+        if limit is not None and used is not None:
+            return max(limit - used, 0)
+    v1 = v2 / "memory"
+    limit, used = _read_int(v1 / "memory.limit_in_bytes"), _read_int(v1 / "memory.usage_in_bytes")
+    if limit is not None and used is not None and limit < 1 << 60:  # v1 writes a huge number for no limit
+        return max(limit - used, 0)
+    return None
+
+
+def room() -> tuple[int, str] | None:
+    """How many more bytes this process may take before the kernel has none to give, and whose figure
+    that is ("MemAvailable" or "the cgroup's limit"); None where neither can be read (not Linux)."""
+    options = [(b, why) for b, why in ((_meminfo_available(), "MemAvailable"), (_cgroup_room(), "the cgroup's limit"))
+               if b is not None]
+    return min(options) if options else None
 
 
 @functools.cache

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 
@@ -84,7 +86,7 @@ def test_bf16_keeps_bf16_weights_and_fp32_optimizer_state_and_checkpointing_chan
                           out=tmp_path / out, metrics=tmp_path / f"{out}.jsonl", lr=1e-3, **kw))
         return load_file(tmp_path / out / "model.safetensors")
 
-    plain, ckpointed = run("plain"), run("ckpt", activation_checkpointing=True)
+    plain, ckpointed = run("plain", activation_checkpointing=False), run("ckpt")  # checkpointing is the default
     for k in plain:
         torch.testing.assert_close(plain[k], ckpointed[k], atol=1e-6, rtol=0)
     assert "memory per process (fp32" in capfd.readouterr().err
@@ -126,3 +128,89 @@ def test_activation_checkpointing_recomputes_each_layer_in_the_backward(tiny_mod
         assert not lm.model.layers[0].self_attn.training  # dropout stays off
     assert saved[1] < saved[0] / 2  # the layers' insides are not kept for the backward: they are recomputed
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=0)
+
+
+def _long_step(d: Path, rollouts: int = 8) -> Path:
+    """Two GRPO groups of rollouts of ~300 tokens (a shared 80-token prompt, then their own turns)."""
+    import random
+
+    rng, nodes, rows = random.Random(0), [], []
+    prompt = [rng.randrange(4, 200) for _ in range(80)]
+    for i in range(rollouts):
+        turn = [rng.randrange(4, 200) for _ in range(200)]
+        ans = [rng.randrange(4, 200) for _ in range(20)]
+        nodes += [TreeNode(f"r{i}", 0, -1, prompt + turn, "env", [], "c0", 0, "main", True, 0),
+                  TreeNode(f"r{i}", 1, 0, ans, "model", [-5.0] * 20, "c0", 0, "main", True, 280)]
+        g = f"t{i % 2}"
+        rows.append(RolloutRecord(f"r{i}", g, "agentloop", f"{g}+agentloop", i // 2, "ok", float(i % 4 < 2), 1, 1.0, 0))
+    write_table(d / "trees.parquet", nodes, TreeNode)
+    write_table(d / "rollouts.parquet", rows, RolloutRecord)
+    return d
+
+
+def _expected_peaks(step: Path, tiny_model: Path, budgets: list[int]) -> dict[int, float]:
+    """memory_guard's expected peak of the step's whole-batch plan at each budget, with nothing held."""
+    from transformers import AutoConfig
+
+    from clawgym.train import memory_guard
+    from clawgym.train.batch import choose, pack
+    from clawgym.train.distributed import Dist
+    from clawgym.train.microbatches import RankMicroBatches
+
+    cfg = TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model, out=step / "o")
+    batch = pack(cfg, choose(cfg))
+    shape = M.shape_of(AutoConfig.from_pretrained(tiny_model))
+    accelerator = type("CPU", (), {"device": torch.device("cpu")})()
+    out = {}
+    for b in budgets:
+        micro = RankMicroBatches(batch.trees, Dist(0, 1), accelerator, token_budget=b, share_prefixes=True,
+                                 attention="segments", sharded=False, step_prefix=True)
+        plan = micro.plan(range(len(batch.trees)))
+        out[b] = memory_guard.need(cfg, shape, 1, torch.device("cpu"), batch.trees, plan, 0.0, False, False).total
+    return out
+
+
+@pytest.mark.slow
+def test_a_plan_that_does_not_fit_is_planned_with_smaller_micro_batches_and_trains_as_that_budget(
+        tiny_model, tmp_path, capfd, monkeypatch):
+    from safetensors.torch import load_file
+
+    from clawgym.train import memory_guard
+
+    step = _long_step(tmp_path / "step")
+    peaks = _expected_peaks(step, tiny_model, [8192, 1024, 512])
+    assert peaks[8192] > peaks[1024] > peaks[512]  # the micro-batch term follows the budget
+    monkeypatch.setattr(memory_guard, "held_now", lambda device: 0.0)  # the test process's own size is not the step's
+    limit = (peaks[8192] + peaks[1024]) / 2 / memory_guard.HEADROOM  # between 8,192 and 1,024 tokens: 4,096 or less fits
+
+    def run(out: str, **kw) -> dict:
+        train(TrainConfig(trees=step / "trees.parquet", rollouts=step / "rollouts.parquet", model=tiny_model,
+                          out=tmp_path / out, metrics=tmp_path / f"{out}.jsonl", lr=1e-3, **kw))
+        return load_file(tmp_path / out / "model.safetensors")
+
+    guarded = run("guarded", memory_limit_gib=limit / M.GIB)
+    err = capfd.readouterr().err
+    planned = re.search(r"planned with ([\d,]+)-token micro-batches instead of 8,192", err)
+    assert planned, err
+    budget = int(planned[1].replace(",", ""))
+    assert 512 <= budget <= 4096
+    line = orjson.loads((tmp_path / "guarded.jsonl").read_text().splitlines()[-1])
+    assert line["train/token_budget"] == budget and line["train/peak_gib"] > 0
+    direct = run("direct", token_budget=budget)  # the same plan asked for by hand: the same weights
+    for k in direct:
+        torch.testing.assert_close(guarded[k], direct[k], atol=0, rtol=0)
+
+
+def test_a_plan_that_never_fits_stops_in_one_line_before_anything_is_written(tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    step = _long_step(tmp_path / "step")
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "clawgym.cli", "train", str(step), "--model", str(tiny_model), "--out",
+                          str(out), "--memory-limit-gib", "0.01"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "memory:" in errors[0] and "0.0 GiB this process can have (--memory-limit-gib)" in errors[0]
+    assert "no smaller budget fits" in errors[0] and "Traceback" not in res.stderr
+    assert not out.exists() and not (step / "train.jsonl").exists()

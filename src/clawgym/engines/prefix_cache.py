@@ -28,6 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from clawgym import peak_memory
+
 ROOT = b"clawgym-prefix-root"
 
 
@@ -193,19 +195,16 @@ class PrefixCache:
 
 
 def default_budget(device: str) -> int:
-    """A quarter of the memory free now: RAM on CPU (MemAvailable), device memory on a GPU."""
+    """A quarter of the memory free now: device memory on a GPU; on CPU the room this process has
+    (MemAvailable, or less under a cgroup's limit: peak_memory.room)."""
     if device.startswith("cuda"):
         import torch
 
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return int(free * 0.25)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 4
-    except OSError:
-        pass
+    free = peak_memory.room()
+    if free is not None:
+        return free[0] // 4
     import os
 
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4

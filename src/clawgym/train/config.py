@@ -69,8 +69,12 @@ class TrainConfig:
     fsdp: bool = option(False, "Shard weights, gradients and optimizer states across the --processes ranks (accelerate's FSDP2 plugin; docs/training.md).",
                         flag="--fsdp")
     precision: str = option("fp32", "fp32 | bf16: bf16 weights and gradients, fp32 master weights and AdamW moments (docs/training.md).")
-    activation_checkpointing: bool = option(False, "Recompute each decoder layer in the backward instead of storing its activations.",
-                                            flag="--activation-checkpointing")
+    memory_limit_gib: float = option(0.0, "GiB this process may hold while training; 0: what it holds when training starts plus the "
+                                          "room the machine or its cgroup leaves it. A plan expected to need more trains with smaller "
+                                          "micro-batches, or stops in one line before any update (docs/training.md).")
+    activation_checkpointing: bool = option(True, "Recompute each decoder layer in the backward instead of storing its activations: "
+                                                  "a micro-batch then keeps about a fifth of the memory, for a second forward "
+                                                  "(docs/training.md, \"Where a step's memory goes\").")
 
     def validate(self) -> None:
         """Refuse, in one line, a setting `train` cannot run with. Torch-free: a recipe loader calls it
@@ -89,6 +93,8 @@ class TrainConfig:
         for name in ("epochs", "minibatches", "token_budget"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.memory_limit_gib < 0:
+            raise UserError(f"--memory-limit-gib must be 0 (what the machine leaves) or more, got {self.memory_limit_gib}")
         if self.head_chunk < 0:
             raise UserError(f"--head-chunk must be 0 (no chunks) or more, got {self.head_chunk}")
         if self.kl_coef > 0 and self.ref_model is None:

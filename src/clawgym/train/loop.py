@@ -10,6 +10,7 @@
 | accelerator, policy (LoRA, bf16 + fp32 masters, FSDP), value model, optimizers | setup.py         |
 | rollouts chosen with their signal per algorithm, packed trees, advantages, minibatches | batch.py |
 | this rank's micro-batches: token budget, padding steps, `no_sync`          | microbatches.py      |
+| the plan's expected peak against the memory this process can have          | memory_guard.py      |
 | one optimizer update and its metrics (`UpdateStats`)                       | update.py            |
 
 The math lives in `losses.py`, the packing in `packing.py` and `attention.py` (paper §2.3,
@@ -31,7 +32,7 @@ from rich.console import Console
 from clawgym import console as shared_console
 from clawgym.errors import UserError
 from clawgym.train import checkpoint as ckpt
-from clawgym.train import memory, output, prefix, setup
+from clawgym.train import memory, memory_guard, output, prefix, setup
 from clawgym.train.batch import Scores, choose, minibatches, pack, token_advantages
 from clawgym.train.config import TrainConfig
 from clawgym.train.distributed import launch, read_spec
@@ -81,7 +82,11 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     micro = RankMicroBatches(batch.trees, ranks.dist, ranks.accelerator, token_budget=cfg.token_budget,
                              share_prefixes=cfg.share_prefixes, attention=models.attention, sharded=cfg.fsdp,
                              step_prefix=once_per_micro_batch is None)
-    whole = micro.plan(range(len(batch.trees)))  # planned once; every whole-batch pass reuses it
+    # The plan's expected peak must fit the memory this process can have: planned again with smaller
+    # micro-batches, or refused in one line, before anything is written (memory_guard.py).
+    whole = memory_guard.fit(cfg, micro, range(len(batch.trees)), memory.shape_of(models.model_config),
+                             optimizer_ready=bool(models.optimizer.state), ppo=models.value is not None,
+                             say=lambda line: ranks.dist.main and console.print(line, highlight=False))
 
     # 5) logp_old (and logp_ref) from the same packed forward as the updates, before any update.
     if start.resuming:

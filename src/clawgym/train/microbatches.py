@@ -16,6 +16,9 @@ DDP all-reduces gradients on a minibatch's last micro-batch only (`no_sync` befo
 reduce-scatters every micro-batch into the shards, since skipping that would keep whole unsharded
 gradients. docs/training.md describes the scheme.
 
+On the CPU, the heap memory a step freed is handed back to the OS before the next step, so a
+step's peak is its own micro-batch's, not the sum of the ones before it.
+
 With `step_prefix` (one process, `--share-prefixes`) a prompt that the minibatch's trees share is
 planned apart (prefix.py): `steps` forwards it once through `model` before the first step and, once
 the last step's backward is done, back-propagates the gradients the steps left on its keys/values.
@@ -29,6 +32,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from clawgym import peak_memory
 from clawgym.train import prefix, trie
 from clawgym.train.distributed import Dist, padded_plan, shard
 from clawgym.train.packing import MicroBatch, PackedTree, collate
@@ -95,6 +99,13 @@ class RankMicroBatches:
                 mb = shared.attach(mb)
             yield MicroStep(rows, mb, planned is None, j == len(plan) - 1, forwarded + mb.n_tokens)
             forwarded = 0
+            del mb
+            if self.accelerator.device.type == "cpu":
+                # The step's activations are freed now, but glibc keeps much of them in its heap, and
+                # the next step's differently sized tensors land beside them: without handing them
+                # back, resident memory grows with every micro-batch of the step (docs/training.md,
+                # "Where a step's memory goes").
+                peak_memory.release()
         if shared is not None:
             shared.backward()
 

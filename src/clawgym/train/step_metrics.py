@@ -33,7 +33,7 @@ REDUCTIONS: dict[str, str] = {
     "train/value_warmup_loss_first": "last", "train/value_warmup_loss_last": "last",
     "train/tokens_forwarded": "sum",
     "train/trainable_tokens": "batch", "train/rollouts": "batch",
-    "train/grad_norm_max": "max",
+    "train/grad_norm_max": "max", "train/peak_gib": "max", "train/token_budget": "last",
 }
 """Each key's reduction over a step's updates; `train/grad_norm_max` is made from `train/grad_norm`."""
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from clawgym import peak_memory
 from clawgym.train import losses as L
 from clawgym.train.batch import Batch, Scores
 from clawgym.train.config import TrainConfig
@@ -71,6 +72,10 @@ class UpdateStats(_Metrics):
     zero_var_groups: float
     tis_seq_ratio: float
     """mean over the minibatch's rollouts of exp(Σ_t logp_old − logp_rollout)"""
+    token_budget: float
+    """padded tokens per micro-batch this update was planned with (less than --token-budget where memory_guard.py halved it)"""
+    peak_gib: float
+    """rank 0's peak memory so far, GiB: resident (VmHWM, since the caller's last peak_memory.reset) on the CPU, allocated on a GPU"""
     value_warmup_loss_first: float | None = None
     value_warmup_loss_last: float | None = None
 
@@ -214,6 +219,12 @@ def warm_up_value(models: Models, batch: Batch, micro: RankMicroBatches, plan: R
     return losses, micro.score(models.value, plan)
 
 
+def _peak_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return peak_memory.peak_gib()
+
+
 def update(models: Models, batch: Batch, scores: Scores, advantages: list[torch.Tensor], micro: RankMicroBatches,
            rows: list[int], cfg: TrainConfig, *, number: int, epoch: int,
            warmup_losses: list[float]) -> UpdateStats:
@@ -242,5 +253,6 @@ def update(models: Models, batch: Batch, scores: Scores, advantages: list[torch.
         params=float(models.n_params), params_per_rank=float(models.params_per_rank),
         zero_var_groups=float(batch.selection.zero_var_groups),
         tis_seq_ratio=sum(sums.seq_ratios) / len(sums.seq_ratios),
+        token_budget=float(micro.token_budget), peak_gib=_peak_gib(micro.accelerator.device),
         value_warmup_loss_first=warmup_losses[0] if warmup_losses else None,
         value_warmup_loss_last=warmup_losses[-1] if warmup_losses else None)
