@@ -199,3 +199,19 @@ def test_the_harness_table_script_evaluates_every_run_with_the_recipes_settings(
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip() == (f"error: {tmp_path}/codex has no step checkpoint: run `clawgym run "
                                                       "recipes/codex.toml` first, or leave codex out of RUNS")
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.toml")))
+def test_every_shipped_recipe_takes_the_documented_timeout_override(recipe: str) -> None:
+    path = Path(__file__).resolve().parents[1] / "recipes" / recipe
+    assert "\ntimeout = " not in path.read_text()  # the recipes use the documented names
+    if "\n[offline]" in path.read_text():
+        pytest.skip("it replays a run that must exist first (recipes/toy.toml's)")
+    assert load_recipe(path, ["rollout.timeout_s=30"]).rollout.timeout_s == 30
+
+
+def test_an_override_of_a_renamed_key_wins_over_the_old_name_in_the_file(tmp_path: Path) -> None:
+    path = _recipe(tmp_path, "timeout = 900\n")
+    assert load_recipe(path).rollout.timeout_s == 900  # the old name still loads
+    assert load_recipe(path, ["rollout.timeout_s=30"]).rollout.timeout_s == 30
+    assert load_recipe(path, ["rollout.timeout=45"]).rollout.timeout_s == 45  # and the old name overrides too

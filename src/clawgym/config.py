@@ -395,6 +395,10 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str] | tuple[str, ...])
             raise UserError(f"override {item!r}: unknown section [{section}]{did_you_mean(section, sections)}; "
                             f"known: {', '.join(sorted(sections))}")
         table = doc.setdefault(section, {})
+        renamed = RENAMED_KEYS.get(section, {})
+        key = renamed.get(key, key)  # an old name sets the field under its new one
+        for old in [o for o, new in renamed.items() if new == key]:
+            table.pop(old, None)  # the override wins over the file's old spelling of the same key
         if section == "rollout" and key in HARNESS_NAMES:
             if len(parts) != 3:
                 raise UserError(f"override {item!r}: a harness option is rollout.{key}.KEY=VALUE")
