@@ -405,6 +405,63 @@ def test_serve_proxy_writes_a_ready_file_and_a_json_line(tmp_path: Path, tiny_mo
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(30)
     assert proc.returncode == 143
+    assert not ready.exists()  # it named a proxy that listened: it goes with the proxy
+
+    # the same port again, while another process holds it: one line naming the port and the way out
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = clawgym("serve-proxy", "--model", str(tiny_model), "--engine", "scripted", "--port", str(port), cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port}: " + r.stderr.split(f"127.0.0.1:{port}: ", 1)[1].strip()], r.stderr
+    assert "address already in use" in r.stderr and "--port 0" in r.stderr
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--out", "afile", "--out afile is a file, not a directory"),
+    ("--out", "afile/x", "--out afile/x: afile is a file, so no directory can be made under it"),
+])
+def test_an_output_folder_that_cannot_be_one_is_refused_before_anything_runs(tmp_path: Path, tiny_model: Path,
+                                                                              step_dir: Path, flag, value, message) -> None:
+    (tmp_path / "afile").write_text("mine")
+    for args in (["train", str(step_dir), "--model", str(tiny_model)],
+                 ["rollout", "--tasks", str(TOY), "--harness", "agentloop", "--model", str(tiny_model)],
+                 ["eval", "--tasks", str(TOY), "--harness", "agentloop", "--model", str(tiny_model)]):
+        r = clawgym(*args, flag, value, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (args, r.stderr)
+        assert "Traceback" not in r.stderr and (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("value,message", [("nope/r.json", "its folder nope does not exist"), (".", "is a directory")])
+def test_a_ready_file_that_cannot_be_written_is_refused_before_the_proxy_starts(tmp_path: Path, tiny_model: Path,
+                                                                                 value, message) -> None:
+    r = clawgym("serve-proxy", "--model", str(tiny_model), "--engine", "scripted", "--port", "0", "--ready-file", value,
+                cwd=tmp_path, timeout=60)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+    assert "serving" not in r.stdout
+
+
+def test_a_parquet_file_with_damaged_data_is_one_line_for_inspect_and_train(tmp_path: Path, tiny_model: Path,
+                                                                            step_dir: Path) -> None:
+    import shutil
+
+    step = tmp_path / "step"
+    shutil.copytree(step_dir, step)
+    data = bytearray((step / "trees.parquet").read_bytes())
+    for i in range(8, len(data) // 2, 7):  # the pages, not the footer at the end
+        data[i] ^= 0xFF
+    (step / "trees.parquet").write_bytes(bytes(data))
+    for args in (["inspect", str(step / "trees.parquet")], ["train", str(step), "--model", str(tiny_model), "--out", "o"]):
+        r = clawgym(*args, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and lines[-1].startswith("error: ") and not any(ln.startswith("  ") for ln in lines), r.stderr
+        assert "damaged" in r.stderr or "not a readable Parquet file" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 # --- 7. modes and retention ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from rich.text import Text
 from clawgym import __version__
 from clawgym.console import STDERR
 from clawgym.console import console as out_console
-from clawgym.errors import UserError
+from clawgym.errors import UserError, check_out_dir, check_writable_file
 from clawgym.config import EvalSection, TreesSection
 from clawgym.fields import cli_parameters, key_values, option, parse_cli
 from clawgym.layout import StepLayout
@@ -188,7 +188,13 @@ def serve_proxy(
         if config.admin_token is None:
             typer.echo(f"admin token: {server.admin_token}")
 
-    stopped_by = serve(config, ready=ready)
+    if ready_file is not None:  # refused before anything starts, not after the engine has loaded
+        check_writable_file(ready_file, "--ready-file")
+    try:
+        stopped_by = serve(config, ready=ready)
+    finally:  # a ready file names a proxy that listens: it goes when the proxy does
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
     if stopped_by is not None:  # the proxy drained and stopped; main() gives the signal's status
         _SIGNALS.append(stopped_by)
 
@@ -220,6 +226,7 @@ def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     from clawgym.settings import rollout_rerun
 
     cfg = _rollout_config(options)
+    check_out_dir(cfg.out, "--out")
     rollout_rerun(cfg, force=force, console=err)
     with _result(json_out) as report:
         summary = run_rollouts(cfg, err)
@@ -297,6 +304,7 @@ def build_trees(
     from clawgym.trees import resolve_config, run_build_trees
 
     config = resolve_config(step_dir, calls, rollouts, out, options["max_leaves"], metrics, step)
+    check_writable_file(Path(config.out), "--out")
     if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)) is not None:
         # the same trees again: rebuilt (cheap, exact), but its metrics line is written once
         made = config.step if config.step is not None else orjson.loads(config_beside(Path(config.out)).read_bytes()).get("step")
@@ -342,6 +350,7 @@ def train(
             raise UserError("give a step directory, or both --trees and --rollouts")
         trees, rollouts = trees or StepLayout(step).trees, rollouts or StepLayout(step).rollouts
     cfg = TrainConfig(trees=trees, rollouts=rollouts, **options)
+    check_out_dir(cfg.out, "--out")
     if check_rerun("train", Path(cfg.out) / "train_config.json", cfg, force=cfg.force, what=str(cfg.out)) is not None:
         err.print(f"{cfg.out}: same settings as its checkpoint; resuming (a complete one is kept)", highlight=False, soft_wrap=True)
         cfg = dataclasses.replace(cfg, resume=True)
@@ -428,6 +437,7 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     from clawgym.settings import rollout_rerun
 
     cfg = _rollout_config(options)
+    check_out_dir(cfg.out, "--out")
     rollout_rerun(cfg, force=force, console=err, evaluation=True)
     with _result(json_out) as report:
         scores = evaluate(cfg, err)
@@ -462,6 +472,7 @@ def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MOD
 
     policies = parse_policies(policy)
     cfg = _rollout_config({**options, "model": next(iter(policies.values()))})
+    check_out_dir(cfg.out, "--out")
     with _result(json_out) as report:
         cells = compare(policies, cfg, cfg.out, err, force=force)
         out_console().print(markdown(cells), markup=False)

@@ -29,6 +29,7 @@ class ArtifactError(Exception):
     """A file that does not hold what its kind promises. The message names file and field."""
 
     def __init__(self, path: str | os.PathLike, field: str | None, problem: str):
+        problem = " ".join(str(problem).split())  # one line, whatever a library's message held (pyarrow's end in newlines)
         self.path, self.field, self.problem = str(path), field, problem
         where = f"{self.path}: field '{field}'" if field else self.path
         super().__init__(f"{where}: {problem}")

@@ -74,7 +74,11 @@ def read_arrow(path: str | os.PathLike, row_type: type[Row]) -> pa.Table:
         raise ArtifactError(path, "schema_version", "missing from the file metadata (not written by clawgym?)")
     if version != str(SCHEMA_VERSION):
         raise ArtifactError(path, "schema_version", f"is {version}, this clawgym reads version {SCHEMA_VERSION}")
-    table = pf.read()
+    try:
+        table = pf.read()
+    except (OSError, pa.ArrowException) as e:  # a footer that parses over damaged pages (ZSTD, CRC, truncation)
+        raise ArtifactError(path, None, f"damaged: its data cannot be read ({e}); recreate it (rerun the stage "
+                                        f"that wrote it with --force)") from None
     present = set(table.column_names)
     for name in row_type.SCHEMA.names:
         if name not in present:

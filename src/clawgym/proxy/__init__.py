@@ -35,13 +35,20 @@ def serve(config: ProxyConfig, *, ready=None) -> int | None:
     import asyncio
     import signal
 
+    from clawgym.errors import UserError
+
     stopped_by: list[int] = []
 
     from clawgym.proxy.server import ProxyServer
 
     async def main() -> None:
         server = ProxyServer(config)
-        url = await server.start()
+        try:
+            url = await server.start()
+        except OSError as e:  # the port is taken (by vLLM, a judge, another proxy) or not ours to bind
+            await server.stop()
+            raise UserError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}; pick another --port "
+                            f"(--port 0 takes a free one)") from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -20,6 +20,7 @@ Failures of the sandbox itself raise `SandboxError`; the rollout runner records 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -121,9 +122,7 @@ def isolation(kind: str, network: str = "auto", workdir: str = "/workspace") -> 
         raise UserError(f"--network {network} gives agent commands this machine's files; to accept that, choose "
                         f"--sandbox local-unisolated (recipe: sandbox = \"local-unisolated\"), else drop --network")
     if backend == "local" and (problem := namespace_problem("bwrap")) is not None:
-        raise UserError(f"the local sandbox cannot isolate files here ({problem}): install bubblewrap (apt-get install "
-                        f"bubblewrap, or scripts/install.sh as root), or use --sandbox docker, or accept running agent "
-                        f"commands among this machine's files with --sandbox local-unisolated")
+        raise UserError(isolation_refusal(problem))
     try:
         mode = resolve_network(network)
     except SandboxError as e:
@@ -142,3 +141,24 @@ def announce(iso: Isolation, console: Any) -> None:
     if iso.summary not in _announced:
         _announced.add(iso.summary)
         console.print(f"sandbox: {iso.summary}", markup=False, highlight=False)
+
+
+CONTAINER_FLAGS = "--security-opt seccomp=unconfined --security-opt apparmor=unconfined --security-opt systempaths=unconfined"
+"""the least a `docker run` needs for bubblewrap inside it (README, "Docker"; tests/rollout/test_sandbox_image.py)"""
+
+
+def in_container() -> bool:
+    """Whether this process runs in a Docker or Podman container (their marker files)."""
+    return Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
+
+
+def isolation_refusal(problem: str) -> str:
+    """The one line for a local sandbox that bubblewrap cannot isolate: the cause, and what fixes it."""
+    if shutil.which("bwrap") is not None and in_container():
+        return (f"the local sandbox cannot isolate files here: bubblewrap is installed, but this container does not let "
+                f"it make namespaces ({problem}). Start the container with {CONTAINER_FLAGS} (README, \"Docker\"; "
+                f"--privileged also works but grants far more), or accept running agent commands among the "
+                f"container's files with --sandbox local-unisolated")
+    return (f"the local sandbox cannot isolate files here ({problem}): install bubblewrap (apt-get install "
+            f"bubblewrap, or scripts/install.sh as root), or use --sandbox docker, or accept running agent "
+            f"commands among this machine's files with --sandbox local-unisolated")
