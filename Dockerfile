@@ -47,6 +47,10 @@ COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/clawgym /opt/clawgym
 ENV PATH=/opt/venv/bin:$PATH
 RUN useradd --create-home clawgym
+# The recipes and their task sets, in the user's home and theirs, so `clawgym run recipes/quickstart.toml`
+# runs as it does in a checkout and writes its run beside the recipe (recipes/runs/; mount a volume
+# there to keep it). The local sandbox's bubblewrap needs the flags in the README's "Docker" section.
+COPY --chown=clawgym:clawgym recipes /home/clawgym/recipes
 USER clawgym
 WORKDIR /home/clawgym
 CMD ["clawgym", "--help"]
