@@ -570,3 +570,34 @@ def test_the_run_summary_counts_rl_steps_not_the_cold_start(monkeypatch, tmp_pat
     monkeypatch.setattr(clawgym.loop, "run", lambda *a, **k: lines)
     result = CliRunner().invoke(app, ["run", str(tmp_path / "r.toml")])
     assert result.exit_code == 0 and result.stdout.strip() == "6 steps; last mean reward 0.500", result.stdout
+
+
+@pytest.mark.parametrize("typo,message", [
+    (["--engine", "nope"], "unknown engine 'nope'"),
+    (["--engine", "scripted"], "--engine scripted answers from a script: give --script FILE"),
+    (["--engine", "scripted", "--script", "nope.jsonl"], "--script nope.jsonl: no such file"),
+    (["--tool-parser", "nope"], "unknown tool parser 'nope'"),
+    (["--chat-template", "nope.jinja"], "--chat-template nope.jinja: no such file"),
+    (["--script", "answers.jsonl"], "--script is the scripted engine's; this command's engine is 'hf'"),
+    (["--proxy", "http://127.0.0.1:1"], "give --model DIR (a proxy in this process) or --proxy URL (a running one), not both"),
+])
+def test_a_typo_is_refused_before_the_output_folder_exists_so_the_corrected_command_runs(
+        tmp_path: Path, tiny_model: Path, typo: list[str], message: str) -> None:
+    from helpers import script
+
+    script(tmp_path / "answers.jsonl", {"": ["42"] * 4})
+    base = ["rollout", "--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--n", "1",
+            "--model", str(tiny_model), "--out", "step"]
+    r = clawgym(*base, *typo, cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and lines == [lines[-1]] and lines[-1].startswith(f"error: {message}"), r.stderr
+    assert not (tmp_path / "step").exists()  # nothing written: the corrected command is not a rerun with "other settings"
+    fixed = clawgym(*base, "--engine", "scripted", "--script", "answers.jsonl", cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+
+
+def test_neither_model_nor_proxy_is_refused_before_the_output_folder_exists(tmp_path: Path) -> None:
+    r = clawgym("rollout", "--tasks", str(TOY), "--harness", "agentloop", "--out", "step", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip() == ("error: give --model DIR (a proxy in this process), or --proxy URL "
+                                                      "with --admin-token and --records DIR"), r.stderr
+    assert not (tmp_path / "step").exists()

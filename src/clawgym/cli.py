@@ -266,7 +266,15 @@ def _rollout_config(options: dict[str, Any]) -> RolloutConfig:
         raise UserError("--tool-parser applies to the proxy this command starts (--model); give it to `clawgym serve-proxy`")
     if values["chat_template"] and values["proxy_url"]:
         raise UserError("--chat-template applies to the proxy this command starts (--model); give it to `clawgym serve-proxy` instead")
-    return RolloutConfig(**values, verifier=judge.verifier())
+    if model is not None and values["proxy_url"]:
+        raise UserError("give --model DIR (a proxy in this process) or --proxy URL (a running one), not both")
+    if shorthands.script and values["engine"] != "scripted":
+        raise UserError(f"--script is the scripted engine's; this command's engine is {values['engine']!r} (add --engine scripted)")
+    from clawgym.rollout.proxy_client import check_proxy_settings  # here: the admin client's imports stay out of --help
+
+    cfg = RolloutConfig(**values, verifier=judge.verifier())
+    check_proxy_settings(cfg)  # every refusal before the command writes its config: a corrected command is not "other settings"
+    return cfg
 
 
 # `clawgym rollout`'s and `clawgym eval`'s options are RolloutConfig's fields (clawgym.fields), with

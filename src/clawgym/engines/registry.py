@@ -6,6 +6,7 @@ The `teacher` engine is a task family's solver and lives with the families (`cla
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from clawgym.engines.base import Engine, EngineConfig
@@ -60,8 +61,15 @@ ENGINES: dict[str, Callable[[EngineConfig], Engine]] = {
 
 # Name -> a check of the options alone, for an engine that can refuse bad options before anything
 # loads (a recipe is checked when it loads, before its run writes anything); it raises UserError.
+def _scripted_options(options: dict[str, Any]) -> None:
+    script = options.get("script")
+    if script is not None and not Path(script).is_file():
+        raise UserError(f"--script {script}: no such file")
+
+
 OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "teacher": _teacher_options,
+    "scripted": _scripted_options,
 }
 
 

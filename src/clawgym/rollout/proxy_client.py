@@ -19,7 +19,8 @@ from clawgym import artifacts as A
 from clawgym.errors import UserError
 from clawgym.proxy.client import AdminClient, ProxyUnavailable
 
-__all__ = ["ProxyClient", "ProxyUnavailable", "SyncResult", "reachable_host", "start_local_proxy", "sync_weights"]
+__all__ = ["ProxyClient", "ProxyUnavailable", "SyncResult", "check_proxy_settings", "reachable_host", "start_local_proxy",
+           "sync_weights"]
 
 
 class ProxyClient(AdminClient):
@@ -98,6 +99,25 @@ def sync_weights(url: str, admin_token: str | None, checkpoint: Path, timeout: f
             raise UserError(f"proxy at {client.url} could not load checkpoint {ckpt}: {e.reason}") from None
         raise UserError(f"no proxy answers at {client.url}: {str(e).split(': ', 1)[-1]}") from None
     return SyncResult(client.url, ckpt, served, before, time.monotonic() - started)
+
+
+def check_proxy_settings(config) -> None:
+    """Refuse, in one line and before anything is written or started, what the proxy a rollout uses would
+    refuse later: no proxy at all, an unknown engine or tool parser, a missing chat template or script."""
+    from clawgym.engines.registry import check_engine
+    from clawgym.proxy.toolparse import check_name
+    from clawgym.templates import load_chat_template
+
+    if not config.model:
+        if not config.proxy_url or not config.admin_token or not config.records:
+            raise UserError("give --model DIR (a proxy in this process), or --proxy URL with --admin-token and --records DIR")
+        return
+    check_engine(config.engine, dict(config.engine_options))
+    check_name(config.tool_parser)
+    if config.chat_template:
+        load_chat_template(config.chat_template)
+    if config.engine == "scripted" and "script" not in config.engine_options:
+        raise UserError("--engine scripted answers from a script: give --script FILE (its format: docs/engines.md)")
 
 
 @contextlib.contextmanager
