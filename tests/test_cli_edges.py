@@ -96,6 +96,35 @@ def test_an_empty_task_folder_stops_the_run_before_it_writes(tmp_path: Path) -> 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("override,message", [
+    ("rollout.n=-3", "[rollout] key 'n' must be >= 1, got -3"),
+    ("engine.name=nope", "[engine] key 'name': unknown engine 'nope'"),
+    ("rollout.concurrency=0", "[rollout] key 'concurrency' must be >= 1, got 0"),
+])
+def test_a_late_recipe_error_is_caught_at_load_and_blocks_no_run_name(tmp_path: Path, override: str, message: str) -> None:
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path)), override, cwd=tmp_path))
+    assert message in line and line.count("error:") == 1, line
+    assert not (tmp_path / "runs").exists()  # no folder, no model-init, no recipe.toml: the corrected command is a new run
+
+
+def test_resume_of_a_run_that_does_not_exist_says_so(tmp_path: Path) -> None:
+    line = one_line_error(clawgym("run", str(small_recipe(tmp_path)), "--resume", cwd=tmp_path))
+    assert line == f"error: {tmp_path / 'runs' / 'edge'}: no run to resume there; drop --resume to start it"
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_force_starts_a_refused_run_anew(tmp_path: Path) -> None:
+    recipe = small_recipe(tmp_path)
+    assert clawgym("run", str(recipe), cwd=tmp_path, timeout=600).returncode == 0
+    line = one_line_error(clawgym("run", str(recipe), "train.lr=0.01", "--resume", cwd=tmp_path))
+    assert "differs from" in line and "--force starts it anew" in line
+    again = clawgym("run", str(recipe), "train.lr=0.01", "--force", cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "lr = 0.01" in (tmp_path / "runs" / "edge" / "recipe.toml").read_text()
+    assert one_line_error(clawgym("run", str(recipe), "--force", "--resume", cwd=tmp_path)).endswith("give one")
+
+
 # --- 2. --model is a path ----------------------------------------------------------------------
 
 

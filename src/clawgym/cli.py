@@ -413,6 +413,7 @@ def run(
                                                     help="Set recipe keys over the file's, typed by the key (train.lr=0.1, "
                                                          "rollout.n=4, rollout.agentloop.max_tokens=8); saved in RUN/recipe.toml."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed run from its last complete stage."),
+    force: bool = typer.Option(False, "--force", help="Delete the run's folder (RUN: [run] name beside the recipe) and start it anew."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every stage's tables (rollouts, trees, train updates) each step."),
 ) -> None:
     """Run the RL loop: collect → reconstruct → optimize → sync, step after step, with metrics and plots.
@@ -424,9 +425,14 @@ def run(
 
     Example: clawgym run recipes/toy.toml run.name=toy-lr train.lr=0.01 run.steps=4
     """
+    import shlex
+
     from clawgym.loop import run as _run
 
-    lines = _run(recipe, overrides=overrides or [], resume=resume, console=err, verbose=verbose)
+    if resume and force:
+        raise UserError("--resume continues the run and --force deletes it: give one")
+    _AFTER_STOP.append("continue with: " + shlex.join(["clawgym", "run", str(recipe), *(overrides or []), "--resume"]))
+    lines = _run(recipe, overrides=overrides or [], resume=resume, force=force, console=err, verbose=verbose)
     steps = [line for line in lines if line.step >= 1]  # step 0 is the [sft] cold start's line, not an RL step
     if steps:
         last = steps[-1].values
@@ -683,6 +689,8 @@ class _Terminated(KeyboardInterrupt):
 _SIGNALS: list[int] = []
 """the stop signals this process received: the exit status says which (Typer turns the interrupt
 into a plain exit 130, and serve-proxy's event loop takes both signals itself)"""
+_AFTER_STOP: list[str] = []
+"""what a stopped command can be continued with (`run`'s --resume command), said after the stop's line"""
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -714,7 +722,8 @@ def _stopped() -> None:
     import signal
 
     term = signal.SIGTERM in _SIGNALS
-    err.print("terminated (SIGTERM)" if term else "interrupted (SIGINT)", highlight=False)
+    err.print(("terminated (SIGTERM)" if term else "interrupted (SIGINT)") + "".join(f"; {h}" for h in _AFTER_STOP[-1:]),
+              highlight=False, soft_wrap=True)
     sys.exit(143 if term else 130)
 
 
@@ -731,6 +740,7 @@ def main() -> None:
     # transformers' and the hub's tqdm bars ("Loading weights") would break the one-line-per-step output
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _SIGNALS.clear()  # this call's signals only (main() also runs in-process, e.g. under a test runner)
+    _AFTER_STOP.clear()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, _terminate)
     if handlers[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT (a background job) stays ignored

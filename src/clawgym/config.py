@@ -453,6 +453,12 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
         load_chat_template(r.engine.chat_template, f"{where} [engine] key 'chat_template':")  # a missing or unreadable file fails before any work
     if r.model.path is not None and not (r.model.path / "config.json").exists():
         raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
+    from clawgym.engines.registry import check_engine
+
+    try:
+        check_engine(r.engine.name, dict(r.engine.options))
+    except UserError as e:
+        raise UserError(f"{where} [engine] key 'name': {e}") from None
     if r.run.steps < 1:
         raise UserError(f"{where} [run] key 'steps' must be at least 1, got {r.run.steps}")
     if r.run.keep_last < 0:

@@ -54,19 +54,24 @@ def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
     return path
 
 
-def _prepare(recipe: Recipe, resume: bool) -> RunLayout:
+def _prepare(recipe: Recipe, resume: bool, force: bool = False) -> RunLayout:
     """The run directory, checked against the recipe, with the recipe saved in it. `run` calls it
     after every check that can stop a run before any work (check_runnable), so a refused run leaves
     no recipe.toml behind and its rerun is not refused."""
     run = RunLayout(recipe.run_dir)
     text = recipe_to_toml(recipe)
+    if force and run.root.exists():
+        shutil.rmtree(run.root)  # --force: the run starts anew, as if its folder had never been there
+    if resume and not run.recipe.exists():
+        raise UserError(f"{run.root}: no run to resume there; drop --resume to start it")
     if run.recipe.exists() and not resume:
-        raise UserError(f"{run.root} already holds a run; pass --resume to continue it, or choose another [run] name")
+        raise UserError(f"{run.root} already holds a run; pass --resume to continue it, --force to start it anew, or choose "
+                        f"another [run] name")
     if run.recipe.exists() and run.recipe.read_text() != text:
         old, new = _flat(tomllib.loads(run.recipe.read_text())), _flat(tomllib.loads(text))
         keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         raise UserError(f"{run.recipe} differs from {recipe.path} and its overrides ({', '.join(keys)}): a run resumes "
-                        "with the recipe it started with")
+                        "with the recipe it started with (--force starts it anew)")
     run.root.mkdir(parents=True, exist_ok=True)
     A.atomic_write_bytes(run.recipe, text.encode())
     return run
@@ -83,7 +88,7 @@ def _flat(doc: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (), resume: bool = False,
+def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (), resume: bool = False, force: bool = False,
         console: Console | None = None, verbose: bool = False) -> list[A.MetricsLine]:
     """The loop (module docstring). `overrides` ("train.lr=0.1") set recipe keys over the file's.
     `console` gets one line per step under a progress bar over the steps; with `verbose` every stage
@@ -97,7 +102,7 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
         from clawgym.rollout.sandbox import announce, isolation
 
         isolated = isolation(recipe.rollout.sandbox, recipe.rollout.network)
-    run = _prepare(recipe, resume)
+    run = _prepare(recipe, resume, force)
     if isolated is not None:
         announce(isolated, console)  # once the run is accepted, so a refused resume stays one line
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()

@@ -95,8 +95,8 @@ class RolloutConfig:
     harnesses: list[str] = option(help=f"the harnesses to run each task with: {', '.join(HARNESS_NAMES)}",
                                   factory=lambda: ["agentloop"], flag="--harness", metavar="NAME[,NAME]", form=COMMA_LIST)
     out: Path = option(help="the output folder: rollouts.parquet, calls.parquet, records/, results.jsonl (docs/architecture.md)")
-    n: int = option(1, "rollouts per task and harness (the GRPO group size)")
-    concurrency: int = option(4, "rollouts running at once")
+    n: int = option(1, "rollouts per task and harness (the GRPO group size)", minimum=1)
+    concurrency: int = option(4, "rollouts running at once", minimum=1)
     model: Path | None = option(None, "start a proxy in this process serving this model (HF directory); else use a running proxy")
     engine: str = option("hf", f"the in-process proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
     engine_options: dict[str, Any] = option(help="the in-process proxy engine's options (docs/engines.md)", factory=dict,
