@@ -234,12 +234,12 @@ def _stop_when(proc: subprocess.Popen, ready, sig: int, timeout: float = 240, se
     return proc.returncode, err
 
 
-def _assert_stopped(code: int, err: str, sig: int) -> None:
+def _assert_stopped(code: int, err: str, sig: int, then: str = "") -> None:
     assert "Traceback" not in err, err[-3000:]
     if sig == signal.SIGTERM:
-        assert code == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)", (code, err[-2000:])
+        assert code == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)" + then, (code, err[-2000:])
     else:
-        assert code == 130 and err.strip().splitlines()[-1] == "interrupted (SIGINT)", (code, err[-2000:])
+        assert code == 130 and err.strip().splitlines()[-1] == "interrupted (SIGINT)" + then, (code, err[-2000:])
 
 
 @pytest.mark.slow
@@ -271,7 +271,7 @@ def test_run_stops_on_sigterm_with_143(tmp_path: Path) -> None:
     proc = subprocess.Popen(CLI + ["run", str(recipe), "rollout.n=2"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     code, err = _stop_when(proc, (tmp_path / "runs" / "edge" / "recipe.toml").exists, signal.SIGTERM)
-    _assert_stopped(code, err, signal.SIGTERM)
+    _assert_stopped(code, err, signal.SIGTERM, f"; continue with: clawgym run {recipe} rollout.n=2 --resume")
 
 
 def test_a_sigterm_that_the_interrupted_code_wraps_still_stops_with_143(monkeypatch) -> None:
