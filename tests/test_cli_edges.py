@@ -630,3 +630,27 @@ def test_neither_model_nor_proxy_is_refused_before_the_output_folder_exists(tmp_
     assert r.returncode == 1 and r.stderr.strip() == ("error: give --model DIR (a proxy in this process), or --proxy URL "
                                                       "with --admin-token and --records DIR"), r.stderr
     assert not (tmp_path / "step").exists()
+
+
+def test_a_stage_whose_rollouts_all_failed_for_infrastructure_exits_1_naming_the_cause(tmp_path: Path,
+                                                                                        tiny_model: Path) -> None:
+    from helpers import script
+
+    script(tmp_path / "down.jsonl", {"": [{"error": "the engine is down"}] * 8})
+    base = ["--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--n", "2", "--model", str(tiny_model),
+            "--engine", "scripted", "--script", "down.jsonl"]
+    for command in ("rollout", "eval"):
+        r = clawgym(command, *base, "--out", command, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and lines[-1].startswith("error: none of the 2 rollouts could be scored: every one is "
+                                                          "infra_error (model engine failed)"), r.stderr[-2000:]
+        assert (tmp_path / command / "rollouts.parquet").exists()  # nothing already written is lost
+        assert (tmp_path / command / "results.jsonl").read_text().count("infra_error") == 2
+
+
+def test_a_negative_timeout_is_refused_before_anything_runs(tmp_path: Path, tiny_model: Path) -> None:
+    r = clawgym("rollout", "--tasks", str(TOY), "--harness", "agentloop", "--model", str(tiny_model), "--timeout", "-5",
+                "--out", "step", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        "error: --timeout ([rollout] timeout_s) must be a positive number of seconds, got -5"), r.stderr
+    assert not (tmp_path / "step" / "rollouts.parquet").exists()

@@ -232,6 +232,7 @@ def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
         summary = run_rollouts(cfg, err)
         mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
         status = ", ".join(f"{k}: {v}" for k, v in sorted(summary.status_counts().items()))
+        summary.check_scored()
         report(f"{len(summary.rollouts)} rollouts ({status}), {summary.n_calls} calls, mean reward {mean}; wrote {cfg.out}",
                summary.to_json())
 

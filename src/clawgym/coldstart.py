@@ -57,7 +57,7 @@ def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console) -
 
         console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
         with _timed(run, teach):
-            run_rollouts(recipe.sft_rollout_config(policy), console)
+            run_rollouts(recipe.sft_rollout_config(policy), console).check_scored()
     from clawgym.train.checkpoint import is_complete
     from clawgym.train.loop import train
 

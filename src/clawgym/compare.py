@@ -105,6 +105,7 @@ def compare(policies: dict[str, Path], config, out: Path, console: Console, *, f
     for i, (name, cfg) in enumerate(configs.items(), 1):
         console.print(f"compare: policy {i}/{len(policies)} {name} ({cfg.model}) in {', '.join(config.harnesses)}", markup=False)
         summary = run_rollouts(cfg, console)
+        summary.check_scored()
         cells += cells_of(name, summary.rollouts, list(config.harnesses))
         peak_memory.release()  # the policy's engine is gone: its freed heap leaves before the next one loads
     write_table(cells, out)

@@ -137,4 +137,5 @@ def evaluate(config, console: Console | None = None, proxy=None) -> EvalReport:
     A.atomic_write_bytes(out.eval_md, report.markdown().encode())
     A.atomic_write_bytes(out.eval_json, orjson.dumps(report.to_json(judge=config.verifier.judge is not None),
                                                      option=orjson.OPT_INDENT_2))
+    summary.check_scored()  # a table of nothing but infra errors is no 0% result
     return report

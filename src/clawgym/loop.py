@@ -232,7 +232,8 @@ def _collect(recipe: Recipe, sdir: StepLayout, step: int, proxy, stages: Console
     elif not sdir.rollouts.exists():
         from clawgym.rollout.runner import run_rollouts
 
-        run_rollouts(recipe.rollout_config(sdir.path, step, policy_version=step - 1), stages, proxy=proxy)
+        # a step none of whose rollouts could be scored stops the run naming why, not a later stage's "no trainable tokens"
+        run_rollouts(recipe.rollout_config(sdir.path, step, policy_version=step - 1), stages, proxy=proxy).check_scored()
 
 
 def _reconstruct(recipe: Recipe, sdir: StepLayout, stages: Console) -> None:

@@ -56,6 +56,15 @@ class RolloutSummary:
         rewards = [r.reward for r in self.rollouts if r.reward is not None]
         return statistics.fmean(rewards) if rewards else None
 
+    def check_scored(self) -> None:
+        """The exit-code rule (docs/reliability.md, "Exit codes"): a stage none of whose rollouts could be
+        scored failed, whatever it wrote: a UserError naming the cause, after everything was written."""
+        if self.rollouts and all(r.status == "infra_error" for r in self.rollouts):
+            causes = sorted({r.error.split(":", 1)[0] for r in self.rollouts if r.error} or {"no error recorded"})
+            raise UserError(f"none of the {len(self.rollouts)} rollouts could be scored: every one is infra_error "
+                            f"({', '.join(causes[:3])}); their results are in {self.out / 'results.jsonl'}. Fix the cause "
+                            f"and rerun: rollouts that finished are kept")
+
     def status_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rollouts:
@@ -84,6 +93,8 @@ def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
         raise UserError(f"unknown harness '{unknown[0]}'; choose from: {', '.join(HARNESSES)}")
     if config.n < 1 or config.concurrency < 1:
         raise UserError(f"--n and --concurrency must be at least 1 (got {config.n}, {config.concurrency})")
+    if config.timeout_s is not None and config.timeout_s <= 0:
+        raise UserError(f"--timeout ([rollout] timeout_s) must be a positive number of seconds, got {config.timeout_s:g}")
     if stray := sorted(set(config.harness_options) - set(HARNESSES)):
         raise UserError(f"options given for unknown harness '{stray[0]}'; choose from: {', '.join(HARNESSES)}")
     harnesses = {}
