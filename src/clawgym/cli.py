@@ -621,7 +621,7 @@ def tasks_validate(
     """Parse every task, run its verifier on the untouched workspace, and report no-op scores and flags.
 
     Flags say what a task needs beyond files and python3 (network, browser, judge, binary inputs, ...).
-    Exits 1 when a task folder is invalid.
+    Exits 1 when a task folder is invalid or its checks crash on the untouched workspace (check_error).
 
     Example: clawgym tasks validate tasks/clawgym-bench --jobs 2
     """
@@ -636,7 +636,10 @@ def tasks_validate(
     print_report(report, out_console(), show_all=all_rows)
     if json_out:
         atomic_write_bytes(json_out, report.to_json())
-    if report.n_invalid:
+    crashed = sum(t.status == "check_error" for t in report.tasks)
+    if report.n_invalid or crashed:  # a check that crashes on the untouched workspace would score every rollout 0
+        err.print(f"error: {report.n_invalid} task(s) invalid, {crashed} whose checks crash on the untouched workspace "
+                  f"(check_error: each would score every rollout 0); the status column above says which", highlight=False)
         raise typer.Exit(1)
 
 

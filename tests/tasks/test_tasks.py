@@ -315,6 +315,12 @@ def test_validate_reports_noop_and_flags(tmp_path: Path) -> None:
     assert rep["crash"].status == "check_error" and "exited 3" in rep["crash"].error
     assert rep["judged"].noop_score is None and rep["judged"].flags == ["judge"]
     assert rep["broken"].status == "invalid" and "field 'kind'" in rep["broken"].error
+    for name in ("broken", "judged", "free", "zero"):  # the crashing task alone still fails the command
+        import shutil
+
+        shutil.rmtree(tmp_path / name)
+    r = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path), "--network", "bwrap"])
+    assert r.exit_code == 1 and "0 task(s) invalid, 1 whose checks crash on the untouched workspace" in r.output, r.output
 
 
 def test_cli_import_and_validate(tmp_path: Path) -> None:
