@@ -654,3 +654,36 @@ def test_a_negative_timeout_is_refused_before_anything_runs(tmp_path: Path, tiny
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
         "error: --timeout ([rollout] timeout_s) must be a positive number of seconds, got -5"), r.stderr
     assert not (tmp_path / "step" / "rollouts.parquet").exists()
+
+
+def test_eval_into_a_training_step_is_refused(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    import shutil
+
+    step = tmp_path / "step"
+    shutil.copytree(step_dir, step)
+    before = {p.name: p.stat().st_mtime_ns for p in step.iterdir()}
+    r = clawgym("eval", "--tasks", str(TOY), "--harness", "agentloop", "--model", str(tiny_model), "--out", str(step), cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        f"error: --out {step} is a training step (it holds trees.parquet): evaluate into a folder of its own (e.g. {step / 'eval'})")
+    assert {p.name: p.stat().st_mtime_ns for p in step.iterdir()} == before
+
+
+def test_messages_say_what_was_wrong(tmp_path: Path, tiny_model: Path) -> None:
+    r = clawgym("rollout", "--tasks", str(TOY), "--task-filter", "numbers-00", "--harness", "agentloop", "--model", str(tiny_model),
+                "--out", "step", cwd=tmp_path)
+    assert r.stderr.strip().splitlines()[-1] == (f"error: --task-filter numbers-00 matches none of the 8 tasks in {TOY} "
+                                                 f"(did you mean 'numbers-0'?)")
+    assert not (tmp_path / "step").exists()
+    r = clawgym("sync", "--proxy", "localhost:1", "--checkpoint", str(tiny_model), "--admin-token", "t", cwd=tmp_path)
+    assert r.returncode == 1 and "must start with http:// (or https://)" in r.stderr, r.stderr
+
+
+def test_nothing_to_learn_says_why(tmp_path: Path, tiny_model: Path) -> None:
+    nodes = [A.TreeNode(f"r{i}", n, n - 1, ids, kind, [-1.0] * len(ids) if kind == "model" else [], "c0", 0, "main", True, d)
+             for i in range(2) for n, (ids, kind, d) in enumerate([(list(range(40, 60)), "env", 0), ([101, 102], "model", 20)])]
+    rows = [A.RolloutRecord(f"r{i}", f"t{i}", "agentloop", f"t{i}+agentloop", 0, "ok", 1.0, 1, 1.0, 0) for i in range(2)]
+    A.write_table(tmp_path / "trees.parquet", nodes, A.TreeNode)
+    A.write_table(tmp_path / "rollouts.parquet", rows, A.RolloutRecord)
+    r = clawgym("train", str(tmp_path), "--model", str(tiny_model), "--out", "ck", cwd=tmp_path)
+    assert r.returncode == 0 and "nothing to learn (all 2 GRPO group(s) gave their rollouts one reward each" in r.stderr, r.stderr
+    assert "groups of a single rollout" in r.stderr

@@ -98,6 +98,10 @@ def rollout_rerun(cfg: Any, *, force: bool, console: Any, evaluation: bool = Fal
     from clawgym.layout import StepLayout
 
     out = StepLayout(cfg.out)
+    if evaluation and out.trees.exists():
+        # growing a training step's rollouts would leave its trees, and what `train` makes of them, stale
+        raise UserError(f"--out {cfg.out} is a training step (it holds trees.parquet): evaluate into a folder of its own "
+                        f"(e.g. {Path(cfg.out) / 'eval'})")
     added = check_rerun("rollout", out.rollout_config, cfg, force=force, what=str(cfg.out), grows=GROWS if evaluation else ())
     if added is not None:
         more = f"; adding the rollouts of {'; '.join(added)}" if added else ""

@@ -33,7 +33,10 @@ class AdminClient:
 
     def __init__(self, url: str, admin_token: str):
         self.url, self.admin_token = url.rstrip("/"), admin_token
-        port = urlparse(self.url).port
+        parsed = urlparse(self.url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise UserError(f"proxy URL {url} must start with http:// (or https://), e.g. http://127.0.0.1:8000")
+        port = parsed.port
         if port is None:
             raise UserError(f"proxy URL {url} must name a port, e.g. http://127.0.0.1:8000")
         self.port = port

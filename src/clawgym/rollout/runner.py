@@ -33,7 +33,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clawgym import artifacts as A
 from clawgym.console import STDERR
-from clawgym.errors import UserError
+from clawgym.errors import UserError, did_you_mean
 from clawgym.layout import StepLayout
 from clawgym.rollout.config import RolloutConfig
 from clawgym.rollout.harnesses import HARNESSES, Harness
@@ -115,10 +115,14 @@ def select_tasks(config: RolloutConfig) -> list[Task]:
     if config.tasks_per_step < 0:
         raise UserError(f"--tasks-per-step must be 0 (every task) or more (got {config.tasks_per_step})")
     tasks = load_tasks(config.tasks)
-    if config.task_filter:
-        tasks = [t for t in tasks if t.id in set(config.task_filter)]
     if not tasks:
         raise UserError(f"no tasks found in {config.tasks}")
+    if config.task_filter:
+        every = tasks
+        tasks = [t for t in tasks if t.id in set(config.task_filter)]
+        if not tasks:
+            raise UserError(f"--task-filter {','.join(config.task_filter)} matches none of the {len(every)} tasks in "
+                            f"{config.tasks}{did_you_mean(config.task_filter[0], [t.id for t in every])}")
     if 0 < config.tasks_per_step < len(tasks):
         # Seeded by the step alone: a resumed step draws the same tasks and finishes the rollouts it started.
         tasks = random.Random(f"tasks-per-step {config.step}").sample(tasks, config.tasks_per_step)

@@ -168,6 +168,15 @@ class TrainLog:
         return reduce_updates(self.lines)
 
 
+def _why_nothing(cfg: TrainConfig, stats: SkippedStats) -> str:
+    if cfg.algo == "grpo":
+        return (f"all {stats.groups:.0f} GRPO group(s) gave their rollouts one reward each, so no advantage is nonzero: "
+                f"equal rewards, or groups of a single rollout ([rollout] n or --n of 2 or more gives a group a spread)")
+    if cfg.algo == "sft":
+        return f"no rollout reached --min-reward {cfg.min_reward:g}"
+    return "no rollout with a reward and trainable tokens"
+
+
 def nothing_to_learn(cfg: TrainConfig, checkpointer: Checkpointer, dist: Dist, stats: SkippedStats,
                      console: Console) -> TrainResult:
     """A batch with nothing to learn: the policy is written unchanged so a run can go on, and the metrics say why."""
@@ -178,5 +187,6 @@ def nothing_to_learn(cfg: TrainConfig, checkpointer: Checkpointer, dist: Dist, s
     line = MetricsLine(0, stats.metrics(), time.time())
     with JsonlWriter(metrics_path(cfg)) as w:
         w.append(line.to_json())
-    console.print(f"nothing to learn: wrote the unchanged policy to {out}", highlight=False)
+    console.print(f"nothing to learn ({_why_nothing(cfg, stats)}): wrote the unchanged policy to {out}", highlight=False,
+                  soft_wrap=True)
     return TrainResult(out, 0, 0, 0, {}, reduce_updates([line.values]))
