@@ -614,7 +614,7 @@ def test_a_typo_is_refused_before_the_output_folder_exists_so_the_corrected_comm
         tmp_path: Path, tiny_model: Path, typo: list[str], message: str) -> None:
     from helpers import script
 
-    script(tmp_path / "answers.jsonl", {"": ["42"] * 4})
+    script(tmp_path / "answers.jsonl", {"*": ["42"] * 4})
     base = ["rollout", "--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--n", "1",
             "--model", str(tiny_model), "--out", "step"]
     r = clawgym(*base, *typo, cwd=tmp_path)
@@ -636,7 +636,7 @@ def test_a_stage_whose_rollouts_all_failed_for_infrastructure_exits_1_naming_the
                                                                                         tiny_model: Path) -> None:
     from helpers import script
 
-    script(tmp_path / "down.jsonl", {"": [{"error": "the engine is down"}] * 8})
+    script(tmp_path / "down.jsonl", {"*": [{"error": "the engine is down"}] * 8})
     base = ["--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--n", "2", "--model", str(tiny_model),
             "--engine", "scripted", "--script", "down.jsonl"]
     for command in ("rollout", "eval"):

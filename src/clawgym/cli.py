@@ -33,6 +33,8 @@ from clawgym.train.config import TrainConfig
 app = typer.Typer(
     name="clawgym",
     help="Train LLM agents with RL through the agent harnesses people deploy (ClawGym II).",
+    epilog="Start here: scripts/install.sh && clawgym run recipes/quickstart.toml (README.md); every doc: docs/README.md "
+           "and the README's Docs list. Each command's --help has an example.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -626,11 +628,12 @@ def tasks_validate(
     Example: clawgym tasks validate tasks/clawgym-bench --jobs 2
     """
     from clawgym.artifacts import atomic_write_bytes
-    from clawgym.rollout.sandbox import SandboxConfig, announce, isolation
+    from clawgym.rollout.sandbox import SandboxConfig, isolation
     from clawgym.rollout.validate import print_report, validate_tasks
 
-    # the verifiers run task code: the same isolation rule as a rollout (refused in one line without it)
-    announce(isolation(sandbox, network), err)
+    # the verifiers run task code: the same isolation rule as a rollout (refused in one line without it); no
+    # sandbox line, which is about where an agent's commands run
+    isolation(sandbox, network)
     with err.status(f"validating tasks in {path}"):
         report = validate_tasks(path, sandbox=sandbox, sandbox_config=SandboxConfig(network=network), jobs=jobs)
     print_report(report, out_console(), show_all=all_rows)

@@ -158,7 +158,7 @@ class TrainLog:
             return
         self.writer.append(MetricsLine(int(stats.update), values, time.time()).to_json())
         self.console.print(f"update {int(stats.update)} | loss {stats.loss:.4f} | clip {stats.clip_frac:.3f} | "
-                           f"entropy {stats.entropy:.3f} | grad {stats.grad_norm:.3f} | {stats.tokens_per_s:.0f} tok/s",
+                           f"entropy {stats.entropy:.3f} | grad {stats.grad_norm:.3f} | {stats.tokens_per_s:.0f} tok/s forwarded",
                            highlight=False)
 
     def close(self) -> dict[str, float]:
