@@ -41,8 +41,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = STDERR  # every stage's tables and progress: the one shared console (console.py)
-_CHAT_TEMPLATE_HELP = ("A Jinja chat template, or a shipped one (chatml-tools, smollm2-tools), replacing the model's own: "
-                       "for a model whose template does not render tools, tool calls and tool results.")
 
 
 JSON_HELP = "Print the result as one JSON object on stdout; tables, progress and the summary line go to stderr."

@@ -26,7 +26,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 from clawgym import peak_memory
 
@@ -89,18 +89,6 @@ class PrefixCacheStats:
         out["hit_rate"] = self.hit_rate
         out["computed_share"] = self.computed_share
         return out
-
-
-class KVStore(Protocol):
-    """What the engine needs of a prefix cache (PrefixCache is the one implementation)."""
-
-    block: int
-
-    def lookup(self, ids: Sequence[int], limit: int) -> PrefixHit: ...
-
-    def insert(self, ids: Sequence[int], kv_of: Any) -> int: ...
-
-    def clear(self) -> None: ...
 
 
 @dataclass
