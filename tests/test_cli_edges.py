@@ -687,3 +687,30 @@ def test_nothing_to_learn_says_why(tmp_path: Path, tiny_model: Path) -> None:
     r = clawgym("train", str(tmp_path), "--model", str(tiny_model), "--out", "ck", cwd=tmp_path)
     assert r.returncode == 0 and "nothing to learn (all 2 GRPO group(s) gave their rollouts one reward each" in r.stderr, r.stderr
     assert "groups of a single rollout" in r.stderr
+
+
+def test_a_rerun_over_changed_tasks_or_weights_at_the_same_paths_is_refused(tmp_path: Path, tiny_model: Path) -> None:
+    import os
+    import shutil
+
+    from helpers import script
+
+    tasks, model = tmp_path / "tasks", tmp_path / "model"
+    shutil.copytree(TOY / "numbers-0", tasks / "numbers-0")
+    shutil.copytree(tiny_model, model)
+    script(tmp_path / "answers.jsonl", {"*": ["42"] * 8})
+    base = ["rollout", "--tasks", "tasks", "--harness", "agentloop", "--n", "1", "--model", "model", "--engine", "scripted",
+            "--out", "step"]
+    assert clawgym(*base, "--script", "answers.jsonl", cwd=tmp_path).returncode == 0
+    again = clawgym(*base, "--script", str(tmp_path / "answers.jsonl"), cwd=tmp_path)  # the same script, named absolutely
+    assert again.returncode == 0 and "same settings as its rollouts; resuming" in again.stderr, again.stderr
+    instruction = tasks / "numbers-0" / "instruction.md"
+    instruction.write_text(instruction.read_text() + "\nAnswer in words.\n")
+    r = clawgym(*base, "--script", "answers.jsonl", cwd=tmp_path)
+    assert r.returncode == 1 and "was made with other settings (tasks: its contents changed since)" in r.stderr, r.stderr
+    assert clawgym(*base, "--script", "answers.jsonl", "--force", cwd=tmp_path).returncode == 0
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # new weights written at the same path
+    r = clawgym(*base, "--script", "answers.jsonl", cwd=tmp_path)
+    assert r.returncode == 1 and "(model: its contents changed since)" in r.stderr, r.stderr

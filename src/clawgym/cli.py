@@ -256,7 +256,7 @@ def _rollout_config(options: dict[str, Any]) -> RolloutConfig:
     judge = JudgeChoice(**{f.name: values.pop(f.name) for f in dataclasses.fields(JudgeChoice)})
     shorthands = EngineShorthands(**{f.name: values.pop(f.name) for f in dataclasses.fields(EngineShorthands)})
     if shorthands.script:
-        values["engine_options"]["script"] = str(shorthands.script)
+        values["engine_options"]["script"] = str(Path(shorthands.script).resolve())  # relative or absolute: one script
     if shorthands.max_context:
         values["engine_options"]["max_context"] = shorthands.max_context
     model = values["model"]

@@ -36,6 +36,31 @@ DERIVED = {"build-trees": {"step"}}
 rollouts): compared only when a rerun gives them"""
 
 
+def fingerprints(config: Any) -> dict[str, str]:
+    """What a rollout stage's record holds beyond its settings, so that a rerun over changed inputs at
+    the same paths is not taken for a resume: a hash of the task folder's contents, and of the
+    model's config and tokenizer files with the names, sizes and modification times of its weight
+    files (hashing gigabytes of weights on every rerun would cost more than it guards)."""
+    import hashlib
+
+    out = {}
+    tasks = getattr(config, "tasks", None)
+    if tasks is not None and Path(tasks).is_dir():
+        h = hashlib.blake2b(digest_size=16)
+        for f in sorted(p for p in Path(tasks).rglob("*") if p.is_file()):
+            h.update(f.relative_to(tasks).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        out["tasks_fingerprint"] = h.hexdigest()
+    model = getattr(config, "model", None)
+    if model is not None and Path(model).is_dir():
+        h = hashlib.blake2b(digest_size=16)
+        for f in sorted(p for p in Path(model).iterdir() if p.is_file()):
+            st = f.stat()
+            small = f.suffix in (".json", ".jinja", ".txt", ".model") and st.st_size < 64 << 20
+            h.update(f.name.encode() + b"\0" + (f.read_bytes() if small else f"{st.st_size}:{st.st_mtime_ns}".encode()) + b"\0")
+        out["model_fingerprint"] = h.hexdigest()
+    return out
+
+
 def _plain(config: Any) -> dict[str, Any]:
     """The config as its record holds it: JSON values, secrets redacted, paths resolved."""
     values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
@@ -53,7 +78,7 @@ def grown(key: str, old: Any, new: Any) -> bool:
 def differences(stage: str, recorded: dict[str, Any], config: Any, grows: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """"key: old → new" for each shaping key whose value differs (keys the record lacks are not compared),
     as two lists: the keys of `grows` whose new value extends the recorded one (`grown`), and the rest."""
-    new = _plain(config)
+    new = {**_plain(config), **(fingerprints(config) if stage == "rollout" else {})}
     differ, extend = [], []
     for key in sorted(set(new) & set(recorded) - IGNORED[stage]):
         if new[key] is None and key in DERIVED.get(stage, ()):
@@ -61,6 +86,9 @@ def differences(stage: str, recorded: dict[str, Any], config: Any, grows: tuple[
         old = recorded[key]
         if isinstance(new[key], str) and isinstance(old, str) and isinstance(getattr(config, key, None), PurePath):
             old = str(Path(old).resolve())  # a path recorded relative, compared resolved
+        if key.endswith("_fingerprint") and old != new[key]:
+            differ.append(f"{key.removesuffix('_fingerprint')}: its contents changed since")
+            continue
         if old != new[key]:
             (extend if key in grows and grown(key, old, new[key]) else differ).append(f"{key}: {_short(old)} → {_short(new[key])}")
     return differ, extend

@@ -34,6 +34,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from clawgym import artifacts as A
 from clawgym.console import STDERR
 from clawgym.errors import UserError, did_you_mean
+from clawgym.settings import fingerprints
 from clawgym.layout import StepLayout
 from clawgym.rollout.config import RolloutConfig
 from clawgym.rollout.harnesses import HARNESSES, Harness
@@ -143,7 +144,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     announce(iso, console)
     out = StepLayout(Path(config.out))
     out.path.mkdir(parents=True, exist_ok=True)
-    A.write_config(out.rollout_config, {**dataclasses.asdict(config), "isolation": iso.record()})
+    A.write_config(out.rollout_config, {**dataclasses.asdict(config), **fingerprints(config), "isolation": iso.record()})
     results_path = out.results
     done = {r["rollout_id"]: r for r in A.read_jsonl(results_path).records} if results_path.exists() else {}
     prefix = config.id_prefix or (f"s{config.step:04d}." if config.step else "")
