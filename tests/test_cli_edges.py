@@ -714,3 +714,14 @@ def test_a_rerun_over_changed_tasks_or_weights_at_the_same_paths_is_refused(tmp_
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # new weights written at the same path
     r = clawgym(*base, "--script", "answers.jsonl", cwd=tmp_path)
     assert r.returncode == 1 and "(model: its contents changed since)" in r.stderr, r.stderr
+
+
+def test_train_into_its_own_starting_model_is_refused(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    before = (model / "model.safetensors").read_bytes()
+    r = clawgym("train", str(step_dir), "--model", "model", "--out", str(model), "--force", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(f"error: --out {model} is the --model it starts from")
+    assert (model / "model.safetensors").read_bytes() == before

@@ -360,6 +360,9 @@ def train(
         trees, rollouts = trees or StepLayout(step).trees, rollouts or StepLayout(step).rollouts
     cfg = TrainConfig(trees=trees, rollouts=rollouts, **options)
     check_out_dir(cfg.out, "--out")
+    if Path(cfg.out).resolve() == Path(cfg.model).resolve():
+        raise UserError(f"--out {cfg.out} is the --model it starts from: a checkpoint there would replace the starting "
+                        f"weights (--force too); choose another --out")
     if check_rerun("train", Path(cfg.out) / "train_config.json", cfg, force=cfg.force, what=str(cfg.out)) is not None:
         err.print(f"{cfg.out}: same settings as its checkpoint; resuming (a complete one is kept)", highlight=False, soft_wrap=True)
         cfg = dataclasses.replace(cfg, resume=True)
