@@ -14,10 +14,11 @@ scoring pass, and every rank takes the smallest budget any rank needed (a rank's
 The per-token terms are `memory.estimate`'s (docs/training.md, "What fits on one GPU"), at the
 activations' real width (4 B on the CPU, where nothing runs under autocast). On the CPU the packed
 attention (attention.py, segments) keeps more than the formula counts: each block's gathered keys
-and values, and, under activation checkpointing, the recomputed layer's gradients beside its
-activations. `CPU_OVERHEAD` is that ratio as bench/train_memory.py measures it on SmolLM2 steps; the
-bench prints each step's estimate beside its measured peak, so a drift shows there
-(docs/training.md, "Where a step's memory goes").
+and values, and, under activation checkpointing, the recomputed layer's gradients and the
+attention's backward buffers beside its activations. `CPU_OVERHEAD` is that ratio as
+bench/train_memory.py measures it on SmolLM2 steps, with and without checkpointing; the bench prints
+each step's estimate beside its measured peak, so a drift shows there (docs/training.md, "Where a
+step's memory goes").
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from clawgym.train.microbatches import RankMicroBatches, RankPlan
 GIB = memory.GIB
 MIN_BUDGET = 512
 """the smallest token budget the check plans with before it gives up"""
-CPU_OVERHEAD = 1.6
-"""measured CPU activation bytes per token / the formula's (bench/train_memory.py)"""
+CPU_OVERHEAD = {True: 3.2, False: 1.5}
+"""measured CPU activation bytes per token / the formula's, with and without activation checkpointing
+(bench/train_memory.py: its expected column stays at or above the measured peak)"""
 HEADROOM = 0.9
 """the share of the room a plan may use: the estimate is not exact, and the heap is not packed tight"""
 
@@ -84,13 +86,14 @@ def need(cfg: TrainConfig, shape: memory.Shape, world: int, device: torch.device
     act_bytes = 2 if bf16 else 4
     e = memory.estimate(shape, precision=cfg.precision, lora_rank=cfg.lora_rank, fsdp=shards,
                         activation_checkpointing=cfg.activation_checkpointing, head_chunk=cfg.head_chunk)
-    overhead = CPU_OVERHEAD if device.type == "cpu" else 1.0
+    overhead = CPU_OVERHEAD[cfg.activation_checkpointing] if device.type == "cpu" else 1.0
     per_token = e.act_per_token * act_bytes / 2 * overhead  # the formula counts bf16 activations
     tokens, trainable, prefix_tokens = largest(trees, plan)
     micro = tokens * per_token + trainable * e.head_per_trainable_token + e.head_fixed
     static = e.grads + (0.0 if optimizer_ready else e.optimizer)  # gradients exist from the first backward on
     if ppo:  # the value model's update: its own activations (no checkpointing), gradients and moments
-        full = memory.estimate(shape, activation_checkpointing=False).act_per_token * act_bytes / 2 * overhead
+        full = memory.estimate(shape, activation_checkpointing=False).act_per_token * act_bytes / 2 * \
+            (CPU_OVERHEAD[False] if device.type == "cpu" else 1.0)
         micro = max(micro, tokens * full)
         static += 0.0 if optimizer_ready else e.params * 16 / shards
     kept = (2 * shape.hidden * shape.layers if cfg.activation_checkpointing else e.act_per_token) * act_bytes / 2
