@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# recipes/retrain-offline.sh — retrain from a finished run's saved trees, changing only what you name.
+# recipes/retrain-offline.sh — retrain from a finished run's saved trees, changing only what you name:
+# environment variables over `clawgym replay RUN [OUT] [KEY=VALUE ...]`, which is the command itself.
 #
 # A run keeps every step's batch (step-NNNN/{rollouts,trees}.parquet) and the train settings each
 # step used (checkpoints/step-NNNN/train_config.json), so the optimizer can be replayed without a
@@ -35,6 +36,6 @@ args=("$FROM")
 [ -z "$OUT" ] || args+=("$OUT")
 [ -z "$MODEL" ] || args+=(--model "$MODEL")
 
-# The replay (clawgym.offline): it prints one line saying what it changes, trains each saved step
-# (progress on stderr), then the comparison table.
-exec python3 -m clawgym.offline "${args[@]}" "${changes[@]}" "$@"
+# `clawgym replay` prints one line saying what it changes, trains each saved step (progress on
+# stderr), then the comparison table.
+exec clawgym replay "${args[@]}" "${changes[@]}" "$@"

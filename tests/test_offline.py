@@ -1,4 +1,4 @@
-"""Offline re-training (clawgym.offline, recipes/retrain-offline.sh, `[offline]` recipes): at the run's own
+"""Offline re-training (`clawgym replay`, recipes/retrain-offline.sh, `[offline]` recipes): at the run's own
 settings a replay writes the run's checkpoints again; an override changes only what it names.
 
 The run is made of the real stages: multi-turn agentloop rollouts through the proxy (the teacher
@@ -26,9 +26,17 @@ from safetensors.torch import load_file
 from clawgym import artifacts as A
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout
-from clawgym.offline import change_line, comparison, main, parse_overrides, run_steps
+from clawgym.offline import change_line, comparison, parse_overrides, run_steps
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def replay(*args: str) -> subprocess.CompletedProcess:
+    """`clawgym replay ARGS` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "clawgym.cli", "replay", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+
 QUIET = Console(stderr=True, quiet=True)
 STEPS = 2
 
@@ -112,8 +120,9 @@ def test_grpo_replay_at_the_runs_settings_writes_the_runs_checkpoints_and_an_lr_
         batches: list[Path], tiny_model: Path, tmp_path: Path, capsys) -> None:
     run = make_run(tmp_path / "run", batches, tiny_model, "grpo")
     assert run_steps(run) == [1, 2]
-    assert main([str(run.root), str(tmp_path / "same")]) == 0
-    printed = capsys.readouterr().out
+    r = replay(str(run.root), str(tmp_path / "same"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = r.stdout
     assert printed.splitlines()[0].startswith(f"replay of {run.root}: changes nothing; every train setting as the run recorded "
                                               "(grpo, lr 0.01, 1 epoch(s) × 2 minibatch(es)")
     for step in (1, 2):
@@ -142,11 +151,15 @@ def test_grpo_replay_at_the_runs_settings_writes_the_runs_checkpoints_and_an_lr_
     cfg = json.loads((other.step(2).checkpoint / "train_config.json").read_text())
     assert (cfg["minibatches"], cfg["lr"], cfg["seed"]) == (2, 0.05, 2)
     # Rerunning the same replay resumes (nothing to train); another rate into the same folder is refused.
-    assert main([str(run.root), str(other.root), "lr=0.05"]) == 0
-    assert capsys.readouterr().err.count("already complete") == 2
-    assert main([str(run.root), str(other.root), "lr=0.02"]) == 1
-    assert capsys.readouterr().err.strip() == (f"error: {other.step(1).checkpoint} was trained with other settings (lr 0.05); "
-                                               "choose another output folder or remove it")
+    again = replay(str(run.root), str(other.root), "lr=0.05", "--json")
+    assert again.returncode == 0 and again.stderr.count("already complete") == 2, again.stderr
+    data = json.loads(again.stdout)  # --json: one object on stdout, the tables on stderr
+    assert data["steps"] == [1, 2] and data["changes"] == {"lr": 0.05} and data["out"] == str(other.root.resolve())
+    refused = replay(str(run.root), str(other.root), "lr=0.02")
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"error: {other.step(1).checkpoint} was trained with other settings (lr 0.05); choose another output folder or remove it")
+    forced = replay(str(run.root), str(other.root), "lr=0.02", "--force")  # --force replays it anew
+    assert forced.returncode == 0 and json.loads((other.step(1).checkpoint / "train_config.json").read_text())["lr"] == 0.02
     assert f"run: {run.root} (grpo, lr 0.01," in printed and f"replay: {other.root} (grpo, lr 0.05," in printed
 
 
@@ -211,6 +224,9 @@ def test_the_change_line_and_the_table_from_recorded_files(tmp_path: Path) -> No
     assert change_line(run, [1, 2], {"lr": 0.01, "seed": 7}) == (
         f"replay of {run.root}: changes lr 0.03 → 0.01; seed 1/2 → 7; every other train setting as the run recorded")
     table = comparison(run.root, other.root)
+    shown = replay(str(run.root), "--table", str(other.root))  # the table alone, labelled by folder name; nothing trained
+    assert shown.returncode == 0 and shown.stdout.rstrip("\n") == comparison(run.root, other.root, ("run", "other"))
+    assert replay(str(run.root), "--table", str(other.root), "lr=0.1").returncode == 1
     lines = table.splitlines()
     assert lines[0] == f"run: {run.root} (grpo, lr 0.03, 1 epoch(s) × 2 minibatch(es))"
     assert lines[1] == f"replay: {other.root} (grpo, lr 0.03, 1 epoch(s) × 2 minibatch(es))"
@@ -229,27 +245,27 @@ def test_the_change_line_and_the_table_from_recorded_files(tmp_path: Path) -> No
                                                                                  ["step-0002", "2/1", "0.375", "0.5"]]
 
 
-def test_the_replay_refuses_what_it_cannot_do(tmp_path: Path, capsys) -> None:
+def test_the_replay_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     def cli(*args: str) -> tuple[int, str]:
-        rc = main(list(args))
-        return rc, capsys.readouterr().err.strip()
+        r = replay(*args)
+        return r.returncode, r.stderr.strip()
 
     assert cli(str(tmp_path / "nope")) == (1, f"error: {tmp_path / 'nope'}: no such run directory")
     (tmp_path / "empty").mkdir()
     assert cli(str(tmp_path / "empty"), "lr=0.1") == (1, f"error: {tmp_path / 'empty'}: no step-0001/trees.parquet to retrain on "
                                                         "(not a finished run?)")
     assert cli(str(tmp_path / "empty"), "lr=fast") == (1, "error: train setting 'lr' must be float, got 'fast'")
+    assert cli(str(tmp_path / "empty"), "epochs=x") == (1, "error: train setting 'epochs' must be int, got 'x'")
     rc, err = cli()
-    assert rc == 2 and err.startswith("usage:")
+    assert rc == 2 and "Missing argument 'RUN'" in err
     fake_step(RunLayout(tmp_path / "gone"), 1, {"algo": "grpo", "lr": 0.1, "model": str(tmp_path / "missing")}, [])
     rc, err = cli(str(tmp_path / "gone"))
     assert rc == 1 and "the run's starting policy is gone; give the replay a starting policy" in err
     rc, err = cli(str(tmp_path / "gone"), "--model", str(tmp_path / "missing"))
     assert rc == 1 and err == f"error: {tmp_path / 'missing'}: not a model directory (no config.json)"
-    # The same from the command line: one line, no traceback.
-    r = subprocess.run([sys.executable, "-m", "clawgym.offline", str(tmp_path / "gone"), "epochs=x"], capture_output=True,
-                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
-    assert r.returncode == 1 and r.stderr == "error: train setting 'epochs' must be int, got 'x'\n"
+    rc, err = cli(str(tmp_path / "gone"), str(tmp_path / "gone"))
+    assert rc == 1 and err == f"error: {tmp_path / 'gone'}: the replay would overwrite the run it replays; choose another folder"
+    assert not (tmp_path / "gone-replay").exists()  # each refusal before anything is written
 
 
 def test_an_offline_recipe_may_leave_the_model_to_the_run_and_no_other_may(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from clawgym.console import console as out_console
 from clawgym.errors import UserError, check_out_dir, check_writable_file
 from clawgym.config import EvalSection, TreesSection
 from clawgym.fields import cli_parameters, key_values, option, parse_cli
-from clawgym.layout import StepLayout
+from clawgym.layout import RunLayout, StepLayout
 from clawgym.proxy.config import SERVE_SKIP, ProxyConfig
 from clawgym.rollout.config import JudgeChoice, RolloutConfig
 from clawgym.train.config import TrainConfig
@@ -501,6 +501,49 @@ def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MOD
 _with_fields(compare_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP | {"model"},
              fields_from={"n": EvalSection})
 app.command("compare")(compare_)
+
+
+@app.command("replay")
+def replay(
+    run_dir: Path = typer.Argument(..., metavar="RUN", help="A finished run: `clawgym run`'s folder or recipes/pipeline.sh's."),
+    rest: Optional[list[str]] = typer.Argument(None, metavar="[OUT] [KEY=VALUE]...",
+                                               help="Where the replay writes (default RUN-replay, or RUN-lr0.01 naming the "
+                                                    "changes), then the train settings to change (`clawgym train --help`)."),
+    model: Optional[Path] = typer.Option(None, "--model", help="Start from this policy instead of the one the run's step 1 started from."),
+    table: Optional[Path] = typer.Option(None, "--table", metavar="OTHER",
+                                         help="Train nothing: print RUN's and OTHER's training figures side by side."),
+    force: bool = typer.Option(False, "--force", help="Delete OUT's earlier replay and train it anew (a rerun otherwise resumes)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Train a finished run's saved batches again, offline: every step with the settings the run recorded, changed only where you say.
+
+    Step k starts from the replay's step k − 1, optimizer moments and PPO value model included, as the
+    run's did; with no change the replay writes the run's checkpoints again (to float tolerance).
+    Prints one line saying what changes, then the run's and the replay's loss, entropy and |Δlogp|
+    side by side. Rerunning resumes; other settings into the same OUT are refused (--force starts over).
+
+    Example: clawgym replay recipes/runs/quickstart lr=0.01
+
+    Example: clawgym replay recipes/runs/quickstart runs/qs-ppo algo=ppo minibatches=4
+    """
+    from clawgym import offline
+
+    items = list(rest or [])
+    if table is not None:
+        if items or model is not None or force:
+            raise UserError("--table compares two finished folders and trains nothing: give it no OUT, changes, --model or --force")
+        names = (run_dir.name, table.name) if run_dir.name != table.name else ("first", "second")
+        typer.echo(offline.comparison(run_dir, table, names))
+        return
+    out = Path(items.pop(0)) if items and "=" not in items[0] else None
+    run, steps, out, changes = offline.start(run_dir, out, items, model, force)
+    with _result(json_out) as report:
+        typer.echo(offline.change_line(run, steps, changes, model))
+        done = offline.replay(run_dir, out, changes, model=model, console=err)
+        typer.echo(offline.comparison(run_dir, out))
+        report(f"replayed checkpoints: {RunLayout(out).checkpoints}",
+               {"out": out.resolve(), "steps": done.steps, "checkpoints": [c.resolve() for c in done.checkpoints],
+                "changes": {k: str(v) if isinstance(v, Path) else v for k, v in changes.items()}})
 
 
 # --- engines -----------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ checkpoint, so its optimizer moments (optimizer.pt) and PPO value model (value/)
 as they did in the run; step 1 starts from the policy the run's step 1 started from. At the run's
 own settings the replay writes the run's checkpoints again, to float tolerance (tests/test_offline.py).
 
-    python -m clawgym.offline RUN [OUT] [KEY=VALUE ...] [--model DIR]   # replay, then the table
-    python -m clawgym.offline --table RUN OTHER                         # only the table, labelled by folder name
+    clawgym replay RUN [OUT] [KEY=VALUE ...] [--model DIR]   # replay, then the table (cli.py)
+    clawgym replay RUN --table OTHER                         # only the table, labelled by folder name
 
 `recipes/retrain-offline.sh` wraps the first; an `[offline] from_run` recipe (loop.py) takes its
 per-step configs from `train_kwargs`. Works on `clawgym run`'s directories and recipes/pipeline.sh's
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import tomllib
 import typing
 from dataclasses import dataclass
@@ -244,60 +243,29 @@ def comparison(run_dir: Path, other_dir: Path, labels: tuple[str, str] = ("run",
     return "\n".join(lines)
 
 
-USAGE = ("usage: python -m clawgym.offline RUN [OUT] [KEY=VALUE ...] [--model DIR]\n"
-         "       python -m clawgym.offline --table RUN OTHER")
-
-
 def default_out(run_dir: Path, overrides: dict[str, Any]) -> Path:
     """RUN-replay, or RUN-lr0.01-algoppo naming the overrides."""
     tag = "-".join(f"{k}{_show(v)}" for k, v in overrides.items()) or "replay"
     return Path(f"{Path(run_dir).resolve()}-{tag}")
 
 
-def main(argv: list[str]) -> int:
-    """The command line (USAGE): replay, print the change line first and the table last."""
-    from clawgym import console as C
+def start(run_dir: Path, out: Path | None, items: list[str], model: Path | None, force: bool) -> tuple[RunLayout, list[int], Path, dict[str, Any]]:
+    """Check a replay's arguments before anything is written: (the run, its steps, OUT, the typed
+    changes). With `force`, OUT's earlier replay is deleted first."""
+    import shutil
 
-    args = list(argv)
-    try:
-        if args[:1] == ["--table"]:
-            if len(args) != 3:
-                print(USAGE, file=sys.stderr)
-                return 2
-            a, b = Path(args[1]), Path(args[2])
-            names = (a.name, b.name) if a.name != b.name else ("first", "second")
-            print(comparison(a, b, names))
-            return 0
-        model = None
-        if "--model" in args:
-            i = args.index("--model")
-            if i + 1 >= len(args):
-                print("error: --model needs a model folder\n" + USAGE, file=sys.stderr)
-                return 2
-            model = Path(args[i + 1])
-            del args[i:i + 2]
-        if not args or args[0].startswith("-"):
-            print(USAGE, file=sys.stderr)
-            return 2
-        run_dir = Path(args.pop(0))
-        out = Path(args.pop(0)) if args and "=" not in args[0] else None
-        overrides = parse_overrides(args)
-        if not run_dir.is_dir():
-            raise UserError(f"{run_dir}: no such run directory")
-        run = RunLayout(run_dir)
-        steps = run_steps(run)
-        out = out or default_out(run_dir, overrides)
-        if model is not None and not (model / "config.json").exists():
-            raise UserError(f"{model}: not a model directory (no config.json)")
-        print(change_line(run, steps, overrides, model), flush=True)
-        replay(run_dir, out, overrides, model=model, console=C.STDERR)
-        print(comparison(run_dir, out))
-        print(f"replayed checkpoints: {RunLayout(out).checkpoints}")
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    if not Path(run_dir).is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    overrides = parse_overrides(items)
+    run = RunLayout(run_dir)
+    steps = run_steps(run)
+    out = Path(out) if out is not None else default_out(run_dir, overrides)
+    if out.resolve() == Path(run_dir).resolve():
+        raise UserError(f"{out}: the replay would overwrite the run it replays; choose another folder")
+    if model is not None and not (Path(model) / "config.json").exists():
+        raise UserError(f"{model}: not a model directory (no config.json)")
+    if model is None:
+        start_policy(run)  # a run whose starting policy is gone is refused here, not after its first step
+    if force and out.exists():
+        shutil.rmtree(out)
+    return run, steps, out, overrides
