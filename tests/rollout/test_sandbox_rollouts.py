@@ -46,17 +46,35 @@ def no_bwrap(tmp_path: Path) -> Path:
 def test_rollout_without_file_isolation_is_refused_in_one_line(tmp_path: Path, no_bwrap: Path) -> None:
     make_task(tmp_path / "tasks", "hello")
     out = tmp_path / "out"
-    r = clawgym("rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(out), "--proxy", "http://127.0.0.1:9", path_first=no_bwrap)
+    r = clawgym("rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(out), "--proxy", "http://127.0.0.1:9", "--admin-token", "t", "--records", str(tmp_path / "rec"), path_first=no_bwrap)
     assert r.returncode == 1, r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert "cannot isolate files" in line and "install bubblewrap" in line
-    assert "--sandbox docker" in line and "--sandbox local-unisolated" in line
+    from clawgym.rollout.sandbox import CONTAINER_FLAGS, in_container
+
+    if in_container():  # a bwrap that is there but refused: the container's doing, and the flags that fix it
+        assert "cannot isolate files here: bubblewrap is installed, but this container" in line and CONTAINER_FLAGS in line
+    else:
+        assert "cannot isolate files" in line and "install bubblewrap" in line and "--sandbox docker" in line
+    assert "--sandbox local-unisolated" in line
     assert not out.exists()  # refused before anything was written
+
+
+def test_the_refusal_names_the_container_only_where_bwrap_is_installed_in_one(monkeypatch) -> None:
+    from clawgym.rollout import sandbox
+
+    monkeypatch.setattr(sandbox, "in_container", lambda: True)
+    assert sandbox.CONTAINER_FLAGS in sandbox.isolation_refusal("bwrap is not permitted here: No permissions")
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)  # not installed: that is the fix, container or not
+    assert "install bubblewrap" in sandbox.isolation_refusal("bwrap is not installed")
+    monkeypatch.undo()
+    monkeypatch.setattr(sandbox, "in_container", lambda: False)
+    text = sandbox.isolation_refusal("bwrap is not permitted here")
+    assert "install bubblewrap" in text and sandbox.CONTAINER_FLAGS not in text
 
 
 def test_a_network_mode_without_file_isolation_needs_the_explicit_opt_in(tmp_path: Path) -> None:
     make_task(tmp_path / "tasks", "hello")
-    r = clawgym("rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "out"), "--proxy", "http://127.0.0.1:9",
+    r = clawgym("rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "out"), "--proxy", "http://127.0.0.1:9", "--admin-token", "t", "--records", str(tmp_path / "rec"),
                 "--network", "blackhole")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "local-unisolated" in r.stderr, r.stderr
 
@@ -64,7 +82,7 @@ def test_a_network_mode_without_file_isolation_needs_the_explicit_opt_in(tmp_pat
 @pytest.mark.skipif(namespace_problem("unshare") is not None, reason=f"unshare: {namespace_problem('unshare')}")
 def test_the_explicit_opt_in_runs_and_says_what_is_lost(tmp_path: Path, no_bwrap: Path) -> None:
     make_task(tmp_path / "tasks", "hello")
-    r = clawgym("rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "out"), "--proxy", "http://127.0.0.1:9",
+    r = clawgym("rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "out"), "--proxy", "http://127.0.0.1:9", "--admin-token", "t", "--records", str(tmp_path / "rec"),
                 "--sandbox", "local-unisolated", path_first=no_bwrap)
     # past the sandbox check, the run stops at the next thing missing (the proxy's admin token)
     assert "sandbox: local-unisolated (unshare): network only" in r.stderr and "NOT files" in r.stderr, r.stderr
@@ -72,7 +90,7 @@ def test_the_explicit_opt_in_runs_and_says_what_is_lost(tmp_path: Path, no_bwrap
 
 def test_an_unknown_sandbox_and_a_docker_without_image_are_one_line_errors(tmp_path: Path) -> None:
     make_task(tmp_path / "tasks", "hello")
-    base = ["rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "out"), "--proxy", "http://127.0.0.1:9"]
+    base = ["rollout", "--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "out"), "--proxy", "http://127.0.0.1:9", "--admin-token", "t", "--records", str(tmp_path / "rec")]
     for sandbox, want in (("podman", "unknown sandbox 'podman'"), ("docker:", "unknown sandbox 'docker:'"),
                           ("docker:clawgym-no-such-image:1", "--sandbox docker:")):
         r = clawgym(*base, "--sandbox", sandbox)
