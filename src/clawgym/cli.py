@@ -313,7 +313,7 @@ def build_trees(
     from clawgym.trees import resolve_config, run_build_trees
 
     config = resolve_config(step_dir, calls, rollouts, out, options["max_leaves"], metrics, step)
-    check_writable_file(Path(config.out), "--out")
+    check_writable_file(Path(config.out), "--out", make_folder=True)
     if check_rerun("build-trees", config_beside(Path(config.out)), config, force=force, what=str(config.out)) is not None:
         # the same trees again: rebuilt (cheap, exact), but its metrics line is written once
         made = config.step if config.step is not None else orjson.loads(config_beside(Path(config.out)).read_bytes()).get("step")

@@ -456,7 +456,7 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     from clawgym.engines.registry import check_engine
 
     try:
-        check_engine(r.engine.name, dict(r.engine.options))
+        check_engine(r.engine.name, {})  # the name here; its options when the proxy starts the engine
     except UserError as e:
         raise UserError(f"{where} [engine] key 'name': {e}") from None
     if r.run.steps < 1:

@@ -39,11 +39,15 @@ def check_out_dir(path: Path, flag: str) -> None:
         raise UserError(f"{flag} {path}: {base} is a file, so no directory can be made under it")
 
 
-def check_writable_file(path: Path, flag: str) -> None:
-    """Refuse an output file whose folder does not exist or that names a directory."""
+def check_writable_file(path: Path, flag: str, *, make_folder: bool = False) -> None:
+    """Refuse an output file that names a directory, or whose folder does not exist (with `make_folder`,
+    the writer makes it: then only a folder that cannot be made, under a file, is refused)."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory: name a file in it")
+    if make_folder:
+        check_out_dir(path.parent, f"{flag} {path}: its folder")
+        return
     if not path.parent.is_dir():
         why = "is a file" if path.parent.exists() else "does not exist"
         raise UserError(f"{flag} {path}: its folder {path.parent} {why}")
