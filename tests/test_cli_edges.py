@@ -172,7 +172,7 @@ def test_a_run_records_its_overrides_and_resume_counts_them(tmp_path: Path) -> N
     again = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", "--resume", cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     line = one_line_error(clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.02", "run.name=over", "--resume", cwd=tmp_path))
-    assert line.endswith("and its overrides (train.lr): a run resumes with the recipe it started with"), line
+    assert line.endswith("and its overrides (train.lr): a run resumes with the recipe it started with (--force starts it anew)"), line
 
 
 # --- 4. secrets by name --------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_the_tables_show_a_row_per_harness_and_the_pooled_row() -> None:
 def test_inspect_shows_a_mixed_evaluations_pass_at_1_per_harness(tmp_path) -> None:
     import orjson
 
-    from clawgym.inspect import inspect_run
+    from clawgym.inspection import inspect_run
     from clawgym.layout import RunLayout
 
     edir = RunLayout(tmp_path).eval(1)

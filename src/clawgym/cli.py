@@ -588,7 +588,7 @@ def inspect(
 
     Example: clawgym inspect runs/demo/step-0001/calls.parquet
     """
-    from clawgym.inspect import inspect_path
+    from clawgym.inspection import inspect_path
 
     if not json_out:
         inspect_path(path, out_console(), rollout=rollout, tokenizer=tokenizer)
