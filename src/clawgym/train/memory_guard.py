@@ -53,7 +53,7 @@ class Need:
     static: float
     """gradients, and the optimizer state unless it was loaded"""
     micro_batch: float
-    """the largest micro-batch: activations and LM head"""
+    """the costliest micro-batch: activations and LM head"""
     prefix: float
     """the step's shared prefix: activations and keys/values kept across micro-batches"""
     tokens: int
@@ -65,17 +65,16 @@ class Need:
         return self.held + self.static + self.micro_batch + self.prefix
 
 
-def largest(trees, plan: RankPlan) -> tuple[int, int, int]:
-    """(padded tokens, scored-trainable tokens, shared-prefix tokens) of the plan's largest micro-batch."""
-    best, prefix = (0, 0), 0
+def sizes(trees, plan: RankPlan) -> tuple[list[tuple[int, int]], int]:
+    """(padded tokens, scored-trainable tokens) of each planned micro-batch, and the shared prefix's tokens."""
+    out, prefix = [], 0
     for planned in plan:
         if planned is None:
             continue
         rows, parts = planned
-        size = (len(parts) * max(p.n_tokens for p in parts), sum(trees[i].n_trainable for i in rows))
-        best = max(best, size)
+        out.append((len(parts) * max(p.n_tokens for p in parts), sum(trees[i].n_trainable for i in rows)))
         prefix = max(prefix, parts[0].prefix)
-    return best[0], best[1], prefix
+    return out or [(0, 0)], prefix
 
 
 def need(cfg: TrainConfig, shape: memory.Shape, world: int, device: torch.device, trees, plan: RankPlan,
@@ -88,8 +87,9 @@ def need(cfg: TrainConfig, shape: memory.Shape, world: int, device: torch.device
                         activation_checkpointing=cfg.activation_checkpointing, head_chunk=cfg.head_chunk)
     overhead = CPU_OVERHEAD[cfg.activation_checkpointing] if device.type == "cpu" else 1.0
     per_token = e.act_per_token * act_bytes / 2 * overhead  # the formula counts bf16 activations
-    tokens, trainable, prefix_tokens = largest(trees, plan)
-    micro = tokens * per_token + trainable * e.head_per_trainable_token + e.head_fixed
+    steps, prefix_tokens = sizes(trees, plan)
+    # the costliest micro-batch: activations follow its tokens, the LM head its trainable ones
+    micro, tokens, trainable = max((t * per_token + k * e.head_per_trainable_token + e.head_fixed, t, k) for t, k in steps)
     static = e.grads + (0.0 if optimizer_ready else e.optimizer)  # gradients exist from the first backward on
     if ppo:  # the value model's update: its own activations (no checkpointing), gradients and moments
         full = memory.estimate(shape, activation_checkpointing=False).act_per_token * act_bytes / 2 * \
@@ -140,7 +140,7 @@ def fit(cfg: TrainConfig, micro: RankMicroBatches, rows: Sequence[int], shape: m
                     f"micro-batches instead of {cfg.token_budget:,} (expected peak {n.total / GIB:.1f} GiB)")
             else:
                 say(f"memory: expected peak {n.total / GIB:.1f} GiB of {_gib(have)} this process can have "
-                    f"({source}); largest micro-batch {n.tokens:,} tokens ({n.trainable:,} trainable)"
+                    f"({source}); costliest micro-batch {n.tokens:,} tokens ({n.trainable:,} trainable)"
                     + (f", after a shared prefix of {n.prefix_tokens:,} tokens" if n.prefix_tokens else ""))
             return plan
         smaller = micro.token_budget // 2
@@ -161,7 +161,7 @@ def _one_tree(plan: RankPlan) -> bool:
 
 def _figures(n: Need) -> str:
     prefix = f", after a shared prefix of {n.prefix_tokens:,} tokens" if n.prefix_tokens else ""
-    return f"the expected peak of the largest micro-batch ({n.tokens:,} tokens, {n.trainable:,} trainable{prefix})"
+    return f"the expected peak with the costliest micro-batch ({n.tokens:,} tokens, {n.trainable:,} trainable{prefix})"
 
 
 def _refusal(cfg: TrainConfig, n: Need, have: float, source: str, budget: int) -> str:
