@@ -3,7 +3,7 @@
 A step's peak is the model, its gradients and optimizer state, plus one micro-batch's activations
 and LM head, plus the step's shared prefix (its activations and keys/values stay until the
 minibatch's last micro-batch; prefix.py). Only the micro-batch term depends on `--token-budget`, so
-the check (`fit`) estimates that peak for the largest micro-batch of the plan and compares it with
+the check (`fit`) estimates that peak for the costliest micro-batch of the plan and compares it with
 what this process may hold: `--memory-limit-gib`, or what it holds now plus the room the machine or
 its cgroup leaves it (peak_memory.room). A plan that does not fit is planned again with half the
 budget, down to `MIN_BUDGET` tokens; one that never fits (a single tree longer than any budget, or a
