@@ -39,7 +39,8 @@ MIN_BUDGET = 512
 """the smallest token budget the check plans with before it gives up"""
 CPU_OVERHEAD = {True: 3.2, False: 1.5}
 """measured CPU activation bytes per token / the formula's, with and without activation checkpointing
-(bench/train_memory.py: its expected column stays at or above the measured peak)"""
+(bench/train_memory.py: with checkpointing its expected column stays at or above the measured peak;
+without, within a few percent of it, which HEADROOM covers)"""
 HEADROOM = 0.9
 """the share of the room a plan may use: the estimate is not exact, and the heap is not packed tight"""
 
