@@ -16,7 +16,7 @@ default before it was turned on), on the sizes where its peak stays inside this 
 of the two peaks and of the two times is printed per size.
 
     python3 bench/train_memory.py                          # SmolLM2-135M-Instruct, about 20 min on 2 cores
-    python3 bench/train_memory.py --sizes 3000 --baseline-sizes 3000 --model tiny   # seconds: a smoke run
+    python3 bench/train_memory.py --small                  # seconds: the tiny model, one 3k-token step
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ def main() -> int:
     ap.add_argument("--baseline-sizes", default="5000,15000",
                     help="the sizes also trained without activation checkpointing (its peak grows ~5x faster)")
     ap.add_argument("--epochs", type=int, default=1, help="passes over each step (default: the trainer's)")
+    ap.add_argument("--small", action="store_true", help="a smoke run in seconds: the tiny model, one 3k-token step, its baseline")
     a = results_md.parse(ap)
+    if a.small:
+        a.model, a.sizes, a.baseline_sizes = "tiny", "3000", "3000"
     sizes = [int(x) for x in a.sizes.split(",")]
     base_sizes = {int(x) for x in a.baseline_sizes.split(",") if x}
     with tempfile.TemporaryDirectory() as tmp:
