@@ -726,3 +726,39 @@ def test_train_into_its_own_starting_model_is_refused(tmp_path: Path, tiny_model
     r = clawgym("train", str(step_dir), "--model", "model", "--out", str(model), "--force", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(f"error: --out {model} is the --model it starts from")
     assert (model / "model.safetensors").read_bytes() == before
+
+
+def test_a_crashing_check_is_its_own_status_left_out_of_groups_and_pass_at_1(tmp_path: Path, tiny_model: Path) -> None:
+    """A task whose check crashes is `check_error`: no reward, counted in the summary line, out of training and
+    Pass@1; a stage where every check crashed exits 1 naming it."""
+    import shutil
+
+    from helpers import script
+
+    tasks = tmp_path / "tasks"
+    for t in sorted(TOY.iterdir())[:2]:
+        shutil.copytree(t, tasks / t.name)
+    broken = sorted(tasks.iterdir())[1]
+    (broken / "tests" / "check.py").write_text("import sys\nraise KeyError('the check has a bug')\n")
+    script(tmp_path / "s.jsonl", {"*": ["42"] * 8})
+    base = ["--tasks", str(tasks), "--harness", "agentloop", "--n", "2", "--model", str(tiny_model), "--engine", "scripted",
+            "--script", "s.jsonl"]
+    r = clawgym("rollout", *base, "--out", "step", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "check_error: 2" in r.stdout, r.stdout
+    rows = {x.rollout_id: x for x in A.read_table(tmp_path / "step" / "rollouts.parquet", A.RolloutRecord)}
+    crashed = [x for x in rows.values() if x.task_id == broken.name]
+    assert [(x.status, x.reward) for x in crashed] == [("check_error", None)] * 2
+    assert all("KeyError: 'the check has a bug'" in x.error for x in crashed)
+    assert all(x.status != "check_error" and x.reward is not None for x in rows.values() if x.task_id != broken.name)
+    r = clawgym("build-trees", "step", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept = {n.rollout_id for n in A.read_table(tmp_path / "step" / "trees.parquet", A.TreeNode) if n.trainable}
+    assert kept and not kept & {x.rollout_id for x in crashed}
+    r = clawgym("eval", *base, "--out", "ev", cwd=tmp_path)
+    doc = orjson.loads((tmp_path / "ev" / "eval.json").read_bytes())
+    assert r.returncode == 0 and broken.name not in doc["per_task"] and doc["excluded"] == 2, r.stderr[-2000:]
+    r = clawgym("rollout", *base, "--task-filter", broken.name, "--out", "only-broken", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(
+        "error: none of the 2 rollouts could be scored: every one is check_error (the task's check crashed; "
+        f"{broken.name}: KeyError: 'the check has a bug')"), r.stderr[-2000:]

@@ -75,4 +75,4 @@ def test_inspect_shows_a_mixed_evaluations_pass_at_1_per_harness(tmp_path) -> No
     head, row = next(line for line in lines if line.startswith("┃")), next(line for line in lines if line.startswith("│"))
     cells = [c.strip() for c in row.strip("│").split("│")]
     titles = [c.strip() for c in head.strip("┃").split("┃")]
-    assert titles == ["step", "eval Pass@1", "eval agentloop", "eval codex"] and cells == ["1", "0.75", "1", "0.5"]
+    assert titles == ["step", "eval Pass@1 %", "eval agentloop %", "eval codex %"] and cells == ["1", "75.0", "100.0", "50.0"]

@@ -255,6 +255,6 @@ def test_inspect_run_directory_prints_the_cold_start_line_and_the_held_out_table
     (run / "table.md").write_text("| policy | overall |\n|---|---|\n| SFT | 61.5 |\n")
     r = clawgym("inspect", str(run))
     assert r.returncode == 0, r.stderr
-    assert "step 0 (SFT cold start)  teacher reward 1.000" in r.stdout and "pass@1 0.000 → 0.615" in r.stdout
+    assert "step 0 (SFT cold start)  teacher reward 1.000" in r.stdout and "pass@1 0.0% → 61.5%" in r.stdout
     assert "| base eval 6m02s  sft 6m40s" in r.stdout
     assert "| SFT | 61.5 |" in r.stdout

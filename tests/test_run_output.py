@@ -47,7 +47,7 @@ def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> Non
               "time/reconstruct_s": 1.6, "time/optimize_s": 5.0, "time/sync_s": 0.7, "time/eval_s": 20.0,
               "trees/tree_token_ratio": 0.357, "trees/tokens_saved": 49040.0}
     line = step_line(3, 8, values, eta_s=492)
-    assert line == ("step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s"
+    assert line == ("step 3/8  reward 0.412 ± 0.180  pass@1 52.0%  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s"
                     "  tree 0.36 (49,040 tok saved) | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s | ETA 8m12s")
     cached = step_line(3, 8, {**values, "proxy/prefix_hit_rate": 0.912, "proxy/prompt_computed_share": 0.088}, eta_s=None)
     assert "  tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout" in cached
@@ -57,7 +57,7 @@ def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> Non
     assert "kl 0.2500" in with_kl and "mismatch" not in with_kl and "ETA" not in with_kl
     sft = {"rollout/teacher_reward_mean": 1.0, "train/sft_loss_first": 2.5, "train/sft_loss_last": 0.5,
            "eval/base/pass@1": 0.1, "eval/pass@1": 0.8}
-    assert cold_start_line(sft) == "step 0 (SFT cold start)  teacher reward 1.000  sft loss 2.500 → 0.500  pass@1 0.100 → 0.800"
+    assert cold_start_line(sft) == "step 0 (SFT cold start)  teacher reward 1.000  sft loss 2.500 → 0.500  pass@1 10.0% → 80.0%"
 
 
 def test_a_steps_engine_figures_are_the_counters_differences_around_its_rollouts() -> None:

@@ -51,7 +51,7 @@ class Cell:
     tasks: int
     samples: int
     excluded: int
-    """rollouts excluded as infra errors"""
+    """rollouts excluded as infra or check errors"""
 
 
 def parse_policies(specs: list[str]) -> dict[str, Path]:
@@ -125,7 +125,7 @@ def markdown(cells: list[Cell]) -> str:
     excluded = sum(c.excluded for c in cells)
     note = (f"\nHeld-out Pass@1 in % ± its standard error (over tasks), by evaluation harness; "
             f"{'/'.join(map(str, tasks))} tasks, {'/'.join(map(str, samples))} scored samples a cell; "
-            f"{excluded} rollout(s) excluded as infra errors.\n")
+            f"{excluded} rollout(s) excluded as infra or check errors.\n")
     return "\n".join(lines) + "\n" + note
 
 

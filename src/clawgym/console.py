@@ -100,7 +100,7 @@ terminal, so a stage's progress bar on it does not capture what other code print
 # (metrics key, format) of the step line's optional figures; the KL to a reference policy, when
 # trained with one, replaces the rollout-trainer mismatch. The train/ and trees/ names are those of
 # train.step_metrics and trees.stats (metrics.FAMILIES); a test checks that each is a known key.
-FIELDS = ((M.PASS_AT_1, "pass@1 {:.3f}"), ("train/kl_ref", "kl {:.4f}"), ("train/mismatch_abs", "mismatch {:.4f}"),
+FIELDS = ((M.PASS_AT_1, "pass@1 {:.1%}"), ("train/kl_ref", "kl {:.4f}"), ("train/mismatch_abs", "mismatch {:.4f}"),
           ("train/clip_frac", "clip {:.3f}"), ("train/grad_norm", "grad {:.2f}"), ("train/tokens_per_s", "{:,.0f} tok/s"))
 TREE_RATIO, TOKENS_SAVED = "trees/tree_token_ratio", "trees/tokens_saved"
 
@@ -118,7 +118,7 @@ def duration(seconds: float) -> str:
 def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | None) -> str:
     """One readable line of a step's metrics.jsonl values, e.g.
 
-        step 3/8  reward 0.412 ± 0.180  pass@1 0.520  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
+        step 3/8  reward 0.412 ± 0.180  pass@1 52.0%  mismatch 0.0012  clip 0.000  grad 1.98  2,466 tok/s
         tree 0.36 (49,040 tok saved)  prefix cache 91% hit, 9% computed | rollout 1m26s  trees 2s  train 5s  sync 1s  eval 20s
         | peak GiB rollout 2.1  trees 0.9  train 4.2  sync 1.6  eval 2.0 | ETA 8m12s
 
@@ -152,7 +152,7 @@ def cold_start_line(values: dict[str, float]) -> str:
         parts.append(f"sft loss {v[M.SFT_LOSS_FIRST]:.3f} → {v[M.SFT_LOSS_LAST]:.3f}")
     base = f"{M.EVAL_BASE}pass@1"
     if base in v and M.PASS_AT_1 in v:
-        parts.append(f"pass@1 {v[base]:.3f} → {v[M.PASS_AT_1]:.3f}")
+        parts.append(f"pass@1 {v[base]:.1%} → {v[M.PASS_AT_1]:.1%}")
     line = "  ".join(parts)
     phases = [f"{p.label} {duration(v[p.key])}" for p in M.COLD_START_PHASES if p.key in v]
     return line + (" | " + "  ".join(phases) if phases else "")

@@ -3,7 +3,7 @@
 Evaluation is a rollout run without training: every task is solved K times (`--n`), each rollout
 scored by the verifier (hybrid: 0.7 code + 0.3 rubric where a task has both and a judge is set).
 A task's Pass@1 is the mean score over its K samples; a category's is the mean over its tasks; the
-overall figure is the mean over all tasks. Rollouts excluded as infra errors do not count (and
+overall figure is the mean over all tasks. Rollouts excluded as infra or check errors do not count (and
 are reported). The tables are written as eval.md and eval.json in the output folder.
 
 An evaluation through several harnesses (a mix-harness policy) also reports each harness on its
@@ -80,7 +80,7 @@ class EvalReport:
         rows = [f"| {label} | " + " | ".join(cells) + " |" for label, cells in self._rows()]
         tasks = ["", "| task | category | samples | Pass@1 |", "|---|---|---|---|"]
         tasks += [f"| {t} | {self.category_of.get(t, '')} | {self.samples[t]} | {100 * s:.1f} |" for t, s in sorted(self.per_task.items())]
-        note = f"\nPass@1 in %, the mean score over each task's samples; {self.excluded} rollout(s) excluded as infra errors.\n"
+        note = f"\nPass@1 in %, the mean score over each task's samples; {self.excluded} rollout(s) excluded (infra or check errors).\n"
         return "\n".join([head, sep, *rows, *tasks]) + "\n" + note
 
     def print(self, console: Console) -> None:
@@ -89,7 +89,7 @@ class EvalReport:
             t.add_row(label, *cells)
         console.print(t)
         if self.excluded:
-            console.print(f"[yellow]{self.excluded} rollout(s) excluded as infra errors[/]")
+            console.print(f"[yellow]{self.excluded} rollout(s) excluded (infra or check errors)[/]")
 
 
 def pass_table(rows: dict[str, dict]) -> str:

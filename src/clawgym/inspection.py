@@ -287,9 +287,14 @@ RUN_COLUMNS = [
     (M.REWARD_MEAN, "reward"), (M.INFRA_ERRORS, "infra err"), ("trees/tree_token_ratio", "tree/calls"),
     ("train/loss", "loss"), ("train/entropy", "entropy"), ("train/mismatch_abs", "|Δlogp|"),
     ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
-    ("train/clip_frac", "clip"), (M.PASS_AT_1, "eval Pass@1"), (M.STEP_SECONDS, "step s"),
+    ("train/clip_frac", "clip"), (M.PASS_AT_1, "eval Pass@1 %"), (M.STEP_SECONDS, "step s"),
     (M.COLLECT.peak_key, "rollout GiB"), (M.OPTIMIZE.peak_key, "train GiB"), ("train/peak_gib", "train GiB"),
 ]
+
+
+def _cell(key: str, value: float) -> str:
+    """A run table's cell: Pass@1 in % as every table a person reads shows it (metrics.py, "Units"), the rest as is."""
+    return f"{100 * value:.1f}" if key.endswith("pass@1") else f"{value:.4g}"
 
 
 def inspect_run(path: Path, console: Console) -> None:
@@ -314,7 +319,7 @@ def inspect_run(path: Path, console: Console) -> None:
     keys = {k for m in lines for k in m.values}
     harness_cols = [(k, k.rsplit("/", 1)[1]) for k in sorted(keys) if k.startswith(f"{M.REWARD_MEAN}/")]
     # a mix-harness run's held-out Pass@1 per harness (eval/HARNESS/pass@1), after the pooled one
-    eval_cols = [(k, f"eval {k.split('/')[1]}") for k in sorted(keys) if k.startswith(M.EVAL) and k.endswith("/pass@1")
+    eval_cols = [(k, f"eval {k.split('/')[1]} %") for k in sorted(keys) if k.startswith(M.EVAL) and k.endswith("/pass@1")
                  and k.count("/") == 2 and not k.startswith(M.EVAL_BASE)]
     i = next(i for i, (k, _) in enumerate(RUN_COLUMNS) if k == M.PASS_AT_1) + 1
     if M.OPTIMIZE.peak_key in keys:  # the whole train phase's peak (`clawgym run`) over train.jsonl's per-update one
@@ -323,7 +328,7 @@ def inspect_run(path: Path, console: Console) -> None:
             if k in keys]
     t = Table("step", *(title for _, title in cols), title=f"run {path}", title_justify="left")
     for m in lines:
-        t.add_row(str(m.step), *(f"{m.values[k]:.4g}" if k in m.values else "-" for k, _ in cols))
+        t.add_row(str(m.step), *(_cell(k, m.values[k]) if k in m.values else "-" for k, _ in cols))
     console.print(t)
     zero = next((m.values for m in lines if m.step == 0 and M.TEACHER_N in m.values), None)
     if zero is not None:  # an [sft] cold start: its line, with each stage's seconds where the run recorded them

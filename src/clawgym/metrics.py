@@ -14,8 +14,9 @@ prefix-cache figures and forward times (`engine_values`) and the phase times (`P
 chained from the shell makes the same line from the same files; `cold_start_values` makes the
 step-0 line of an [sft] cold start.
 
-Units: rewards, Pass@1 and every fraction are in [0, 1] (tables that show percent say "%" in their
-header); a std is the sample standard deviation (n − 1), as `torch.std` gives TRL's `reward_std`;
+Units: in files (metrics.jsonl, eval.json, `--json`) rewards, Pass@1 and every fraction are in
+[0, 1]; what a person reads shows Pass@1 in % everywhere (step lines, `eval`, `compare` and `inspect`
+tables, plots) and says "%"; a std is the sample standard deviation (n − 1), as `torch.std` gives TRL's `reward_std`;
 lengths are in tokens; times in seconds. docs/recipes.md ("Metric names") has the table of `PEERS`.
 """
 
@@ -43,6 +44,8 @@ TURNS_MEAN = "rollout/turns_mean"
 TURNS_MAX = "rollout/turns_max"
 ROLLOUTS = "rollout/n"
 INFRA_ERRORS = "rollout/infra_error"
+CHECK_ERRORS = "rollout/check_error"
+"""rollouts whose task check crashed (no reward, left out like infra errors)"""
 TIMEOUTS = "rollout/timeout"
 PREFIX_HIT_RATE = "proxy/prefix_hit_rate"
 """share of the step's prompt tokens whose keys and values the engine's prefix cache served (docs/engines.md)"""
@@ -69,7 +72,7 @@ SFT_LOSS_LAST = "train/sft_loss_last"
 EVAL_BASE = "eval/base/"
 """prefix of the starting policy's evaluation before the cold start (the SFT policy's is under `EVAL`)"""
 
-ROLLOUT_KEYS = (ROLLOUTS, REWARD_MEAN, REWARD_STD, INFRA_ERRORS, TIMEOUTS, RESPONSE_LENGTH_MEAN, RESPONSE_LENGTH_MAX,
+ROLLOUT_KEYS = (ROLLOUTS, REWARD_MEAN, REWARD_STD, INFRA_ERRORS, CHECK_ERRORS, TIMEOUTS, RESPONSE_LENGTH_MEAN, RESPONSE_LENGTH_MAX,
                 TURNS_MEAN, TURNS_MAX)
 PROXY_KEYS = (PREFIX_HIT_RATE, PROMPT_COMPUTED_SHARE, PREFILL_SECONDS, DECODE_SECONDS, DECODE_TOKENS_PER_S)
 COLD_START_KEYS = (TEACHER_N, TEACHER_REWARD_MEAN, SFT_LOSS_FIRST, SFT_LOSS_LAST)
@@ -169,6 +172,7 @@ def rollout_values(sdir: StepLayout) -> dict[str, float]:
         REWARD_MEAN: reward_mean(rollouts),
         REWARD_STD: statistics.stdev(scored) if len(scored) > 1 else 0.0,  # sample std, as `rollout --json` and TRL
         INFRA_ERRORS: sum(r.status == "infra_error" for r in rollouts),
+        CHECK_ERRORS: sum(r.status == "check_error" for r in rollouts),
         TIMEOUTS: sum(r.status == "timeout" for r in rollouts),
         RESPONSE_LENGTH_MEAN: statistics.fmean(lengths) if lengths else 0.0,
         RESPONSE_LENGTH_MAX: max(lengths, default=0),

@@ -14,7 +14,7 @@ from clawgym.layout import RunLayout
 # figure name -> (title, y label, metric key prefixes or exact keys)
 FIGURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "reward": ("Train reward", "mean reward", ("rollout/reward_mean",)),
-    "eval": ("Evaluation", "Pass@1", ("eval/pass@1", "eval/base/pass@1")),  # step 0: after SFT (and before it, base)
+    "eval": ("Evaluation", "Pass@1 (%)", ("eval/pass@1", "eval/base/pass@1")),  # step 0: after SFT (and before it, base)
     "entropy": ("Policy entropy", "nats / token", ("train/entropy",)),
     "mismatch": ("Rollout–trainer mismatch", "value", ("train/mismatch", "train/tis_clip_frac")),
     "loss": ("Loss", "loss", ("train/loss", "train/value_loss")),
@@ -53,8 +53,9 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        scale = 100.0 if name == "eval" else 1.0  # Pass@1 in % as every table shows it
         for key, (xs, ys) in sorted(series.items()):
-            ax.plot(xs, ys, marker="o", markersize=3, label=key)
+            ax.plot(xs, [scale * y for y in ys], marker="o", markersize=3, label=key)
         ax.set_title(f"{title} — {run.root.name}")
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

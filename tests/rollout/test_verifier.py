@@ -186,13 +186,16 @@ def test_gate_and_weight_override(task_dir: Path, sandbox) -> None:
         judge.close()
 
 
-def test_check_crash_and_timeout_score_zero(task_dir: Path, sandbox) -> None:
+def test_a_crashing_check_has_no_reward_and_a_timeout_scores_zero(task_dir: Path, sandbox) -> None:
     (task_dir / "tests" / "check.py").write_text("import sys\nprint('{\"a\": 1}')\nsys.exit(2)\n")
     r = verify(load_task(task_dir), sandbox)
-    assert r.reward == 0.0 and "exited 2" in r.error
+    assert r.reward is None and r.code_score is None and "exited 2" in r.check_error and "exited 2" in r.error
+    (task_dir / "tests" / "check.py").write_text("print('all good')\n")  # exits 0 but breaks the output contract
+    r = verify(load_task(task_dir), sandbox)
+    assert r.reward is None and "not JSON" in r.check_error
     (task_dir / "tests" / "check.py").write_text("import time\ntime.sleep(60)\n")
     r = verify(load_task(task_dir), sandbox, config=VerifierConfig(timeout_s=1))
-    assert r.reward == 0.0 and "timed out" in r.error
+    assert r.reward == 0.0 and "timed out" in r.error and not r.check_error
 
 
 def test_transcript_and_final_message_reach_the_check(task_dir: Path, sandbox) -> None:

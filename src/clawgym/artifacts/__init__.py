@@ -34,6 +34,7 @@ from clawgym.artifacts.redact import SECRET_KEYS, redact, write_config
 from clawgym.artifacts.rows import (
     CALL_ROLES,
     CALL_STATUSES,
+    EXCLUDED_STATUSES,
     NODE_KINDS,
     PROTOCOLS,
     ROLLOUT_STATUSES,
@@ -51,7 +52,7 @@ from clawgym.artifacts.rows import (
 from clawgym.artifacts.tables import file_kind, read_arrow, read_table, read_table_rows, to_arrow, write_table
 
 __all__ = [
-    "CALL_ROLES", "CALL_STATUSES", "METRIC_PREFIXES", "MIN_SHARED_PREFIX", "NODE_KINDS", "PROTOCOLS",
+    "CALL_ROLES", "CALL_STATUSES", "EXCLUDED_STATUSES", "METRIC_PREFIXES", "MIN_SHARED_PREFIX", "NODE_KINDS", "PROTOCOLS",
     "ROLLOUT_STATUSES", "ROW_TYPES", "SCHEMA_VERSION", "SECRET_KEYS", "ArtifactError", "CallRecord", "JsonlRead",
     "JsonlWriter", "MetricsLine", "PromptBase", "PromptDelta", "RolloutRecord", "Row", "TornLine", "Transcript",
     "TranscriptMessage", "TranscriptToolCall", "TreeNode", "append_metrics", "atomic_write_bytes", "check_base_len",

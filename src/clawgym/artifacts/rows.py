@@ -21,7 +21,9 @@ SCHEMA_VERSION = 1
 PROTOCOLS = ("anthropic", "openai-chat", "openai-responses", "direct")
 CALL_STATUSES = ("ok", "engine_error", "client_error", "cancelled")
 CALL_ROLES = ("main", "subagent", "compaction", "aux")
-ROLLOUT_STATUSES = ("ok", "timeout", "harness_error", "infra_error")
+ROLLOUT_STATUSES = ("ok", "timeout", "harness_error", "infra_error", "check_error")
+EXCLUDED_STATUSES = ("infra_error", "check_error")
+"""rollout statuses that are nobody's outcome of the policy: no reward, out of GRPO groups, training and Pass@1"""
 NODE_KINDS = ("model", "env")
 
 
@@ -104,9 +106,9 @@ class RolloutRecord:
     """task_id + harness: the GRPO group"""
     sample_index: int
     status: str
-    """ok | timeout | harness_error | infra_error"""
+    """ok | timeout | harness_error | infra_error | check_error (the task's check crashed)"""
     reward: float | None
-    """null when excluded (infra_error)"""
+    """null when excluded (infra_error, check_error)"""
     n_calls: int
     wall_time_s: float
     policy_version: int
@@ -128,7 +130,7 @@ class RolloutRecord:
 
     @property
     def trainable(self) -> bool:
-        return self.status != "infra_error" and self.reward is not None
+        return self.status not in EXCLUDED_STATUSES and self.reward is not None
 
 
 @dataclass

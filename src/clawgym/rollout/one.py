@@ -17,7 +17,9 @@ the refusal; status `timeout`, its error says which bound); a harness that fails
 request was refused as longer than the model's context window (`context_length_exceeded: ...` in
 its error, docs/harnesses.md); a sandbox, proxy or start failure is `infra_error` with a null
 reward, excluded from training, and so is a timeout or harness error whose last model call failed
-in the engine (the harness gave up on it, or was still retrying it). When several things fail at
+in the engine (the harness gave up on it, or was still retrying it). A task whose check crashed
+(verifier.py) is `check_error`, its reward null: excluded like an infra error, since the rollout
+cannot be read from a broken check. When several things fail at
 once, the root cause is judged by a fixed order of evidence (`failure.py`), not by which symptom
 arrived first.
 """
@@ -116,7 +118,10 @@ def run_one(plan: RolloutPlan, harness: Harness, proxy: ProxyClient, config: Rol
             rec.error = (rec.error + "; " if rec.error else "") + f"{len(blocked)} outside connection(s) refused"
         if rec.status != "infra_error":
             try:
-                rec = verify(task, sb, transcript=transcript, final_message=final, config=config.verifier).apply(rec)  # appends its error
+                result = verify(task, sb, transcript=transcript, final_message=final, config=config.verifier)
+                rec = result.apply(rec)  # appends its error
+                if result.check_error:  # the task's check crashed: nothing the policy did can be read from it
+                    rec.status = "check_error"
             except Exception as e:
                 evidence.add("infra", f"verifier: {type(e).__name__}: {e}")
                 _check_sandbox(sb, evidence)

@@ -60,11 +60,21 @@ class RolloutSummary:
     def check_scored(self) -> None:
         """The exit-code rule (docs/reliability.md, "Exit codes"): a stage none of whose rollouts could be
         scored failed, whatever it wrote: a UserError naming the cause, after everything was written."""
-        if self.rollouts and all(r.status == "infra_error" for r in self.rollouts):
-            causes = sorted({r.error.split(":", 1)[0] for r in self.rollouts if r.error} or {"no error recorded"})
-            raise UserError(f"none of the {len(self.rollouts)} rollouts could be scored: every one is infra_error "
-                            f"({', '.join(causes[:3])}); their results are in {self.out / 'results.jsonl'}. Fix the cause "
-                            f"and rerun: rollouts that finished are kept")
+        if not self.rollouts or any(r.status not in A.EXCLUDED_STATUSES for r in self.rollouts):
+            return
+        infra = [r for r in self.rollouts if r.status == "infra_error"]
+        crashed = [r for r in self.rollouts if r.status == "check_error"]
+        causes = sorted({r.error.split(":", 1)[0] for r in infra if r.error} or {"no error recorded"})
+        what = [f"{len(infra)} infra_error ({', '.join(causes[:3])})"] if infra else []
+        if crashed:
+            first = crashed[0]  # a traceback's last line names the exception
+            last = (first.error.strip().splitlines() or ["no error recorded"])[-1][:160]
+            what.append(f"{len(crashed)} check_error (the task's check crashed; {first.task_id}: {last})")
+        every = "every one is " + what[0].split(" ", 1)[1] if len(what) == 1 else " and ".join(what)
+        fix = ("`clawgym tasks validate` runs the checks alone; fix them and rerun with --force" if crashed else
+               "Fix the cause and rerun: rollouts that finished are kept")
+        raise UserError(f"none of the {len(self.rollouts)} rollouts could be scored: {every}; their results are in "
+                        f"{self.out / 'results.jsonl'}. {fix}")
 
     def status_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -260,7 +270,7 @@ class _Progress:
         with self._lock:
             self.running -= 1
             self.done += 1
-            if rec["status"] in ("infra_error", "harness_error"):
+            if rec["status"] in ("infra_error", "harness_error", "check_error"):
                 self.failed += 1
             if rec["reward"] is not None:
                 self.rewards.append(rec["reward"])

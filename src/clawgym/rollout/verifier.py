@@ -2,9 +2,12 @@
 
 1. Code checks, in the sandbox, with the task's timeout, after the hidden tests were copied in:
    `python3 <tests>/check.py <workspace>` prints a JSON dict of named sub-scores (or one number);
-   the code score is their mean (PinchBench's and ClawGym's rule). A crash, a non-zero exit or
-   output that is not such JSON scores 0 with the reason in `error` (ClawGym: "unparsable counts
-   as 0"). Harbor tasks (`tests/test.sh`) write reward.txt / reward.json instead (docker only).
+   the code score is their mean (PinchBench's and ClawGym's rule). A check that breaks that
+   contract (a non-zero exit, output that is not such JSON, a Harbor test that writes no reward)
+   crashed: the verifier's fault, not the policy's, so the result has no reward and `check_error`
+   set, and the rollout is `check_error`, left out of training and Pass@1 (docs/tasks.md, "When a
+   check crashes"). A check that runs out of time scores 0: the workspace the policy left can make
+   it hang. Harbor tasks (`tests/test.sh`) write reward.txt / reward.json instead (docker only).
    The rollout's transcript is in $CLAWGYM_TRANSCRIPT, its final answer in $CLAWGYM_FINAL_MESSAGE.
 2. Rubric, when the task has one and a judge is configured: an OpenAI-compatible endpoint gets the
    prompt of the paper's Appendix A (`judge.py`, with a summary of the transcript) and must end with `{"scores": {...}, "notes": ...}`.
@@ -44,6 +47,8 @@ class CodeResult:
     subscores: dict[str, float] = field(default_factory=dict)
     error: str = ""
     timed_out: bool = False
+    crashed: bool = False
+    """the check broke its contract (non-zero exit, no parsable score): nothing to score"""
 
 
 @dataclass
@@ -62,6 +67,8 @@ class VerifierResult:
     notes: list[str] = field(default_factory=list)
     error: str = ""
     judge_notes: str = ""
+    check_error: str = ""
+    """set when the code checks crashed: the rollout is `check_error`, its reward None"""
 
     def record_fields(self) -> dict[str, Any]:
         return {
@@ -155,18 +162,19 @@ def run_code_checks(task: Task, sandbox: Sandbox, *, transcript: list | None = N
     if r.timed_out:
         return CodeResult(0.0, {}, f"code checks timed out after {timeout:g}s", timed_out=True)
     if r.exit_code != 0:
-        return CodeResult(0.0, {}, f"code checks exited {r.exit_code}: {r.stderr(2000).strip()[-500:]}")
+        return CodeResult(0.0, {}, f"code checks exited {r.exit_code}: {r.stderr(2000).strip()[-500:]}", crashed=True)
     try:
         score, subs = parse_check_output(r.stdout())
     except ValueError as e:
-        return CodeResult(0.0, {}, f"code checks: {e}")
+        return CodeResult(0.0, {}, f"code checks: {e}", crashed=True)
     return CodeResult(min(1.0, max(0.0, score)), subs)
 
 
 def _run_harbor(task: Task, sandbox: Sandbox, tests: str, env: dict, timeout: float) -> CodeResult:
     logs = getattr(sandbox, "harbor_logs", None)
     if logs is None:
-        return CodeResult(0.0, {}, "Harbor verifiers (tests/test.sh) expect /tests, /logs and the task's workdir: run them with the docker sandbox")
+        return CodeResult(0.0, {}, "Harbor verifiers (tests/test.sh) expect /tests, /logs and the task's workdir: run them with the docker sandbox",
+                          crashed=True)
     r = sandbox.run(["bash", f"{tests}/test.sh"], env=env, timeout=timeout, name="verifier")
     if r.timed_out:
         return CodeResult(0.0, {}, f"tests/test.sh timed out after {timeout:g}s", timed_out=True)
@@ -177,9 +185,9 @@ def _run_harbor(task: Task, sandbox: Sandbox, tests: str, env: dict, timeout: fl
         elif js.is_file():
             score, subs = parse_check_output(js.read_text())
         else:
-            return CodeResult(0.0, {}, f"tests/test.sh (exit {r.exit_code}) wrote neither reward.txt nor reward.json")
+            return CodeResult(0.0, {}, f"tests/test.sh (exit {r.exit_code}) wrote neither reward.txt nor reward.json", crashed=True)
     except ValueError as e:
-        return CodeResult(0.0, {}, f"Harbor reward: {e}")
+        return CodeResult(0.0, {}, f"Harbor reward: {e}", crashed=True)
     return CodeResult(min(1.0, max(0.0, score)), subs)
 
 
@@ -235,6 +243,10 @@ def verify(task: Task, sandbox: Sandbox, *, transcript: Transcript | None = None
 
     rubric_score = rubric.score if rubric is not None and not rubric.error else None
     code_score = code.score if code is not None else None
+    if code is not None and code.crashed:  # no score to weigh: neither 0 nor the rubric alone
+        return VerifierResult(reward=None, code_score=None, rubric_score=rubric_score, code_weight=wc, rubric_weight=wr,
+                              subscores=subs, judged=rubric_score is not None, notes=notes, error="; ".join(errors),
+                              judge_notes=rubric.notes if rubric is not None else "", check_error=code.error)
     if rubric_score is not None and code_score is not None:
         counted = rubric_score if code_score >= task.gate else 0.0
         if counted != rubric_score:

@@ -5,7 +5,7 @@ Reading order of `filter_tree`:
    (a compaction or aux call hanging off the main history does not end the main trajectory, and a
    failed call cannot continue it). Node leaves (nodes without children) are the ends of every
    other branch: subagents, compaction, aux calls, failed attempts. `leaves` counts both.
-2. Rollout-level drops: an excluded rollout (infra_error, or no reward) and an over-branched one
+2. Rollout-level drops: an excluded rollout (infra_error, check_error, or no reward) and an over-branched one
    (more leaves than `max_leaves`) keep nothing.
 3. Dead leaves: within each segment (between compaction points) keep the main leaf with the
    longest path (ties: the later call); its retried or regenerated siblings are dropped.

@@ -25,7 +25,7 @@ class RolloutTreeStats:
 
     rollout_id: str
     status: str
-    """the rollout's status (ok | timeout | harness_error | infra_error)"""
+    """the rollout's status (ok | timeout | harness_error | infra_error | check_error)"""
     decision: str
     """kept | excluded_rollout | over_branching"""
     calls: int
@@ -125,7 +125,7 @@ class TreeStats:
         rows = [
             ("rollouts", f"{len(self.rollouts):,}"),
             ("  kept", f"{decisions['kept']:,}"),
-            ("  excluded (infra_error / no reward)", f"{decisions['excluded_rollout']:,}"),
+            ("  excluded (infra_error, check_error / no reward)", f"{decisions['excluded_rollout']:,}"),
             (f"  over-branching (> {self.max_leaves} leaves)", f"{decisions['over_branching']:,}"),
             ("calls (failed)", f"{self.total('calls'):,} ({self.total('failed_calls'):,})"),
             ("nodes", f"{self.total('nodes'):,}"),
