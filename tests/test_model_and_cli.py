@@ -145,6 +145,15 @@ def test_version_and_root_help() -> None:
     assert r.returncode == 0 and "init-model" in r.stdout and "inspect" in r.stdout
 
 
+def test_tool_parser_help_names_every_parser() -> None:
+    from clawgym.proxy.toolparse import PARSERS
+
+    for command in ("rollout", "eval", "serve-proxy"):
+        help_text = " ".join(clawgym(command, "--help").stdout.split())
+        line = help_text[help_text.index("--tool-parser"):][:300]
+        assert all(name in line for name in ["auto", *PARSERS]), (command, line)
+
+
 @pytest.mark.slow
 def test_usage_error_exits_2_and_runtime_error_exits_1_with_one_line(tmp_path: Path) -> None:
     r = clawgym("init-model")

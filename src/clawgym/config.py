@@ -71,8 +71,7 @@ class EngineSection:
     """[engine]: the proxy's engine, parser and template (RolloutConfig's fields), and the engine's options."""
 
     name: str = same_as(RolloutConfig, "engine", help=f"the proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
-    tool_parser: str = same_as(RolloutConfig, "tool_parser", help="the proxy's tool-call parser: auto (from the chat template) "
-                                                                  "or a name in clawgym.proxy.toolparse.PARSERS")
+    tool_parser: str = same_as(RolloutConfig, "tool_parser")
     chat_template: str | None = same_as(RolloutConfig, "chat_template", help="a Jinja file (relative to the recipe) or a shipped "
                                                                              "template name replacing the model's (templates.py)")
     options: dict[str, Any] = option(help="every other key of [engine]: the engine's options (docs/engines.md)", factory=dict)

@@ -6,19 +6,24 @@ background thread, for tests and in-process runners), `serve` (the CLI's blockin
 `export_calls` (records -> calls.parquet).
 """
 
-import importlib
+from __future__ import annotations
 
-from clawgym.proxy.config import ProxyConfig
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clawgym.proxy.config import ProxyConfig
 
 __all__ = ["ProxyConfig", "ProxyServer", "ProxyThread", "export_calls", "read_records", "serve"]
 
-_LOADED_WHEN_USED = {"ProxyServer": "clawgym.proxy.server", "ProxyThread": "clawgym.proxy.server",
+_LOADED_WHEN_USED = {"ProxyConfig": "clawgym.proxy.config", "ProxyServer": "clawgym.proxy.server", "ProxyThread": "clawgym.proxy.server",
                      "export_calls": "clawgym.proxy.recorder", "read_records": "clawgym.proxy.recorder"}
 
 
 def __getattr__(name: str):
     """The server and recorder (aiohttp, pyarrow) are imported when first asked for, so the command
-    line, which builds serve-proxy's options from `ProxyConfig`, starts without them."""
+    line, which builds serve-proxy's options from `ProxyConfig`, starts without them; the config too,
+    so that rollout.config, which ProxyConfig's fields copy, can read the tool parsers' names here."""
     if name in _LOADED_WHEN_USED:
         return getattr(importlib.import_module(_LOADED_WHEN_USED[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from clawgym.engines.registry import ENGINES
 from clawgym.fields import option, same_as
+from clawgym.proxy.toolparse import AUTO, PARSERS
 from clawgym.rollout.config import RolloutConfig
 
 
@@ -35,8 +36,8 @@ class ProxyConfig:
     max_context: int | None = option(None, "Override the model's context window in tokens (e.g. the scripted engine serving "
                                            "huge harness prompts).")
     default_max_tokens: int = option(4096, "Tokens a call may sample when it names no limit.")
-    tool_parser: str = same_as(RolloutConfig, "tool_parser", help="Tool-call parser: auto (from the chat template) or a name in "
-                                                                  "clawgym.proxy.toolparse.PARSERS (docs/engines.md).")
+    tool_parser: str = same_as(RolloutConfig, "tool_parser", help=f"Tool-call parser: {AUTO} (from the chat template) or one of "
+                                                                  f"{', '.join(PARSERS)} (docs/engines.md).")
     chat_template: str | None = same_as(RolloutConfig, "chat_template", help=(
         "A Jinja chat template, or a shipped one (chatml-tools, smollm2-tools), replacing the model's own: "
         "for a model whose template does not render tools, tool calls and tool results."))

@@ -17,6 +17,7 @@ from typing import Any
 from clawgym.engines.registry import ENGINES
 from clawgym.errors import UserError
 from clawgym.fields import COMMA_LIST, KEY_VALUES, CliForm, key_values, option
+from clawgym.proxy.toolparse import AUTO, PARSERS
 
 HARNESS_NAMES = ("agentloop", "claude-code", "codex", "openclaw")
 """the keys of `rollout.harnesses.HARNESSES` (a test keeps them equal), for checking a recipe without importing the adapters"""
@@ -130,5 +131,5 @@ class RolloutConfig:
                                    "(docs/scale.md)", metavar="ADDRESS")
     ray_num_cpus: float = option(1.0, "CPUs each rollout task asks Ray for")
     proxy_host: str = option("127.0.0.1", "where the in-process proxy listens; 0.0.0.0 lets the nodes of a Ray cluster reach it")
-    tool_parser: str = option("auto", "the in-process proxy's tool-call parser: auto (from the chat template), or a name in "
-                                      "clawgym.proxy.toolparse.PARSERS (docs/engines.md)")
+    tool_parser: str = option(AUTO, f"the in-process proxy's tool-call parser: {AUTO} (from the chat template), or one of "
+                                    f"{', '.join(PARSERS)} (docs/engines.md)")
