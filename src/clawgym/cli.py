@@ -147,7 +147,7 @@ def serve_proxy(
 
     Each rollout gets /r/ROLLOUT as its base URL and its own API key (POST /admin/rollouts).
 
-    Example: clawgym serve-proxy --model models/tiny --engine scripted --script script.jsonl --port 8000
+    Example: clawgym serve-proxy --model models/tiny --engine scripted --script script.jsonl --port 8100
 
     Example: clawgym serve-proxy --model models/tiny --engine remote --engine-url http://127.0.0.1:8100
     """
@@ -220,7 +220,7 @@ def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 
     Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
 
-    Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8000 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
+    Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8100 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
     from clawgym.rollout.runner import run_rollouts
     from clawgym.settings import rollout_rerun
@@ -396,7 +396,7 @@ def sync(
 
     Calls made after this returns are answered by the new weights and record the new version.
 
-    Example: clawgym sync --proxy http://127.0.0.1:8000 --checkpoint runs/demo/checkpoints/step-0001
+    Example: clawgym sync --proxy http://127.0.0.1:8100 --checkpoint runs/demo/checkpoints/step-0001
     """
     from clawgym.rollout.proxy_client import sync_weights
 

@@ -35,10 +35,10 @@ class AdminClient:
         self.url, self.admin_token = url.rstrip("/"), admin_token
         parsed = urlparse(self.url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise UserError(f"proxy URL {url} must start with http:// (or https://), e.g. http://127.0.0.1:8000")
+            raise UserError(f"proxy URL {url} must start with http:// (or https://), e.g. http://127.0.0.1:8100")
         port = parsed.port
         if port is None:
-            raise UserError(f"proxy URL {url} must name a port, e.g. http://127.0.0.1:8000")
+            raise UserError(f"proxy URL {url} must name a port, e.g. http://127.0.0.1:8100")
         self.port = port
         self.host = urlparse(self.url).hostname or "127.0.0.1"
 

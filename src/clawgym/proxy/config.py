@@ -26,7 +26,7 @@ class ProxyConfig:
     model_dir: Path = option(help="Model directory (HF format; its tokenizer and chat template render prompts).", flag="--model")
     engine: str = same_as(RolloutConfig, "engine", help=f"Engine: {' | '.join(ENGINES)} (docs/engines.md).")
     host: str = same_as(RolloutConfig, "proxy_host", help="Address to bind; loopback by default.")
-    port: int = option(8000, "Port (0 picks a free one).")
+    port: int = option(8100, "Port (0 picks a free one); 8100 stays clear of vLLM's (and a judge's) 8000.")
     records_dir: Path = option(Path("records"), "Directory for the per-rollout call records (ROLLOUT.jsonl).", flag="--records")
     admin_token: str | None = option(None, "Admin token (default: a random one, printed).", envvar="CLAWGYM_ADMIN_TOKEN")
     api_key: str | None = option(None, "A shared key any rollout id may use (rollouts register on first call).",
