@@ -102,8 +102,9 @@ def test_two_processes_update_the_weights_as_one_does(uneven, tiny_model, tmp_pa
         assert (va["train/processes"], vb["train/processes"]) == (1, 2)
         for k in ("train/loss", "train/entropy", "train/trainable_tokens", "train/grad_norm"):
             assert vb[k] == pytest.approx(va[k], rel=1e-4, abs=1e-6), k
-        # Group tries form within a rank only: two ranks may forward a shared prefix twice, never fewer tokens.
-        assert vb["train/tokens_forwarded"] >= va["train/tokens_forwarded"]
+        # The prompt is forwarded once for both ranks (prefix.py); tries still form within a rank only, so
+        # tokens the trees share after it may be forwarded once per rank.
+        assert va["train/tokens_forwarded"] <= vb["train/tokens_forwarded"] < va["train/tokens_forwarded"] + len(PROMPT)
 
 
 @pytest.mark.slow

@@ -95,7 +95,7 @@ def test_a_step_prefix_over_several_micro_batches_scores_and_accumulates_as_per_
     got, forwarded = {}, 0
     for step in micro.steps(plan, policy):
         logp, _ = policy(step.batch)
-        micro.backward(policy, step, (torch.cat([w[i] for i in step.rows]) * logp).sum())
+        micro.backward(step, (torch.cat([w[i] for i in step.rows]) * logp).sum())
         got.update(zip(step.rows, logp.detach().split([trees[i].n_trainable for i in step.rows])))
         forwarded += step.forwarded
     today = sum(mb.n_tokens for _, mb in trie.microbatches(trees, range(len(trees)), micro.token_budget, attention))
@@ -176,11 +176,12 @@ def test_no_step_prefix_where_it_saves_nothing_plans_as_today():
     assert layout(prefix.plan(trees, range(6), big)) == layout(trie.plan(trees, range(6), big))
 
 
-@pytest.mark.parametrize("world,config", [(2, "qwen3"), (1, "mistral"), (1, "gemma2")])
-def test_fallbacks_say_why_once_and_plan_as_today(world, config):
-    """Several processes, or a sliding-window model: the prefix is forwarded once per micro-batch, as trie.py plans it."""
-    why = prefix.unavailable(world, make_config(config))
+@pytest.mark.parametrize("world,config,fsdp", [(2, "qwen3", True), (1, "mistral", False), (1, "gemma2", False)])
+def test_fallbacks_say_why_once_and_plan_as_today(world, config, fsdp):
+    """FSDP on several processes, or a sliding-window model: the prefix is forwarded once per micro-batch, as trie.py plans it."""
+    why = prefix.unavailable(world, make_config(config), fsdp)
     assert why is not None and "once per micro-batch" in why
+    assert prefix.unavailable(world, make_config("qwen3"), False) is None  # DDP or one process: once per step
     trees = harness_step(4)
     budget = max(t.n_tokens for t in trees) - 90
     micro = micro_batches(trees, budget, world=world, step_prefix=why is None)
@@ -191,10 +192,25 @@ def test_fallbacks_say_why_once_and_plan_as_today(world, config):
     assert prefix.unavailable(1, make_config("qwen3")) is None
 
 
-def test_distributed_ranks_never_plan_a_step_prefix_even_when_asked():
+def test_ddp_ranks_plan_the_minibatchs_prefix_alike_and_each_its_own_trees():
+    """Every rank plans the prefix chosen over the whole minibatch (one rank forwards it for all), its own trees
+    without it; FSDP ranks, which reduce-scatter each micro-batch, never plan one."""
     trees = harness_step(5)
-    micro = micro_batches(trees, max(t.n_tokens for t in trees) - 90, world=2, step_prefix=True)
-    assert all(p is None or p[1][0].prefix == 0 for p in micro.plan(range(6)))
+    budget = max(t.n_tokens for t in trees) - 90
+    group, p = prefix.choose(trees, range(6))
+    ranks = [micro_batches(trees, budget, world=2) for _ in range(2)]
+    for r, m in enumerate(ranks):
+        m.dist = Dist(r, 2)
+    plans = [m.plan(range(6)) for m in ranks]
+    assert len(plans[0]) == len(plans[1]) and p > 0
+    assert all(torch.equal(plan.prefix, trees[group[0]].input_ids[:p]) for plan in plans)
+    scored = sorted(i for r, plan in enumerate(plans) for step in plan if step is not None for i in step[0])
+    assert scored == list(range(6))  # every tree once, on its own rank, without the prefix
+    assert all(parts[0].prefix == p for plan in plans for step in plan if step is not None for parts in [step[1]])
+    sharded = RankMicroBatches(trees, Dist(0, 2), CPU(), token_budget=budget, share_prefixes=True, attention="segments",
+                               sharded=True, step_prefix=True)
+    plan = sharded.plan(range(6))
+    assert plan.prefix is None and all(step is None or step[1][0].prefix == 0 for step in plan)
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3_moe", "gemma", "phi3", "olmo2", "granite", "smollm3"])

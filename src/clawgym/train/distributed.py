@@ -57,7 +57,11 @@ def padded_plan(rows: Sequence[int], owner: Sequence[int], rank: int, world: int
     """This rank's micro-batches of the global `rows` (`planner` splits one rank's trees into
     micro-batches), padded with None to the largest count any rank has. Every rank plans every
     rank's part, so all agree on the count without talking to each other."""
-    plans = [planner([i for i in rows if owner[i] == r]) for r in range(world)]
+    return pad([planner([i for i in rows if owner[i] == r]) for r in range(world)], rank)
+
+
+def pad(plans: Sequence[list[T]], rank: int) -> list[T | None]:
+    """`rank`'s plan of every rank's `plans`, padded with None to the longest."""
     n = max(len(p) for p in plans)
     return plans[rank] + [None] * (n - len(plans[rank]))
 
@@ -96,6 +100,46 @@ class Dist:
     def barrier(self) -> None:
         if self.world > 1:
             torch.distributed.barrier()
+
+    def broadcast_tensors(self, tensors: list[torch.Tensor] | None, src: int, device: torch.device) -> list[torch.Tensor]:
+        """`src`'s `tensors` (the others pass None) on every rank: their shapes and dtypes, then one flat buffer."""
+        meta = [[(tuple(t.shape), t.dtype) for t in tensors] if self.rank == src else None]
+        torch.distributed.broadcast_object_list(meta, src=src)
+        specs = meta[0]
+        if self.rank == src:
+            flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+        else:
+            flat = torch.empty(sum(_numel(shape) for shape, _ in specs), device=device)
+        torch.distributed.broadcast(flat, src=src)
+        parts = flat.split([_numel(shape) for shape, _ in specs])
+        return [part.reshape(shape).to(dtype) for part, (shape, dtype) in zip(parts, specs)]
+
+    def reduce_tensors(self, tensors: list[torch.Tensor], dst: int) -> list[torch.Tensor] | None:
+        """The sum over ranks of each of `tensors` (alike in shape on every rank), on `dst`; None elsewhere."""
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        torch.distributed.reduce(flat, dst=dst)
+        if self.rank != dst:
+            return None
+        return [part.reshape(t.shape).to(t.dtype) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+    def average_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """What DDP's reducer does, by hand: every gradient replaced by its mean over ranks (a missing one counts 0)."""
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1).float() for p in params])
+        torch.distributed.all_reduce(flat)
+        flat /= self.world
+        for p, part in zip(params, flat.split([p.numel() for p in params])):
+            p.grad.copy_(part.reshape(p.grad.shape))
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def accelerator_kwargs() -> list:

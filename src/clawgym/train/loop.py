@@ -35,6 +35,7 @@ from clawgym.train import checkpoint as ckpt
 from clawgym.train import memory, memory_guard, output, prefix, setup
 from clawgym.train.batch import Scores, choose, minibatches, pack, token_advantages
 from clawgym.train.config import TrainConfig
+from clawgym.train.cpu_phases import CpuPhases
 from clawgym.train.distributed import launch, read_spec
 from clawgym.train.microbatches import RankMicroBatches
 from clawgym.train.output import TrainResult
@@ -53,11 +54,13 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
         launch(cfg, cfg.processes, cfg.accelerate_config)
         return output.result_on_disk(cfg, ckpt.load_state(cfg.out))
     ranks = setup.start_ranks(cfg)
+    cpu = CpuPhases()  # each rank's CPU seconds per phase, written for bench/data_parallel.py (cpu_phases.py)
     start = output.start_point(cfg, ranks.dist)
     if start.done:  # a resumed run (`clawgym run` after a kill) finds this step already trained
         console.print(f"{cfg.out}: already complete ({start.prior.updates_done} updates); nothing to resume", highlight=False)
         return output.result_on_disk(cfg, start.prior)
     torch.manual_seed(cfg.seed)
+    cpu.enter("batch")
 
     # 1-2) Load the step's trees and rollouts; choose rollouts and their signal (GRPO advantages
     #      per group, PPO returns, SFT reward filter).
@@ -66,6 +69,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     # 3) Pack each chosen rollout's tree into one sequence.
     batch = pack(cfg, chosen)
     # 4) Models and optimizers, placed by accelerate; resumed, or the previous step's optimizer state reused.
+    cpu.enter("models")
     models = setup.load_models(cfg, ranks, start.source(cfg), start.resuming)
     checkpointer = output.Checkpointer(cfg, ranks, models, chosen.rollout_ids, tokenizer_dir=start.source(cfg))
     if not batch.trees:
@@ -74,9 +78,10 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     if ranks.dist.main:  # said once the models are loaded and checked, so a refused architecture or option is the only line
         console.print(batch.summary(cfg.algo, ranks.dist.world), highlight=False)
         console.print(memory.estimate_line(memory.shape_of(models.model_config), cfg, ranks.dist.world), highlight=False)
-    # A prompt the minibatch's trees share is forwarded once per optimizer step (prefix.py); where it
-    # cannot be (several processes, sliding windows), once per micro-batch, and the run says so.
-    once_per_micro_batch = prefix.unavailable(ranks.dist.world, models.model_config) if cfg.share_prefixes else None
+    # A prompt the minibatch's trees share is forwarded once per optimizer step, for all ranks (prefix.py);
+    # where it cannot be (FSDP on several processes, sliding windows), once per micro-batch, and the run says so.
+    cpu.enter("plan")
+    once_per_micro_batch = prefix.unavailable(ranks.dist.world, models.model_config, cfg.fsdp) if cfg.share_prefixes else None
     if once_per_micro_batch and ranks.dist.main:
         console.print(once_per_micro_batch, highlight=False)
     micro = RankMicroBatches(batch.trees, ranks.dist, ranks.accelerator, token_budget=cfg.token_budget,
@@ -89,6 +94,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
                              say=lambda line: ranks.dist.main and console.print(line, highlight=False))
 
     # 5) logp_old (and logp_ref) from the same packed forward as the updates, before any update.
+    cpu.enter("score")
     if start.resuming:
         scores = Scores.from_state(ckpt.load_batch_state(cfg.out))
     else:
@@ -108,13 +114,16 @@ def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
     log = output.TrainLog(cfg, ranks.dist, console, start)
     updates_done = start.updates_done
     for epoch in range(start.epochs_done, cfg.epochs):
+        cpu.enter("updates")
         for rows in minibatches(len(batch.trees), cfg, epoch):
             updates_done += 1
             stats = update(models, batch, scores, advantages, micro, rows, cfg,
                            number=updates_done, epoch=epoch, warmup_losses=warmup_losses)
             log.write(stats)
+        cpu.enter("checkpoint")
         checkpointer.save(epoch + 1, updates_done, scores)
     step_metrics = log.close()
+    cpu.write(ranks.dist.rank)
     return TrainResult(Path(cfg.out), updates_done, len(batch.trees), batch.trainable_tokens, log.last, step_metrics)
 
 

@@ -75,7 +75,7 @@ def sizes(trees, plan: RankPlan) -> tuple[list[tuple[int, int]], int]:
         rows, parts = planned
         out.append((len(parts) * max(p.n_tokens for p in parts), sum(trees[i].n_trainable for i in rows)))
         prefix = max(prefix, parts[0].prefix)
-    return out or [(0, 0)], prefix
+    return out or [(0, 0)], max(prefix, len(plan.prefix) if plan.prefix is not None else 0)
 
 
 def need(cfg: TrainConfig, shape: memory.Shape, world: int, device: torch.device, trees, plan: RankPlan,

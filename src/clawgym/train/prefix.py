@@ -22,9 +22,16 @@ forwarded once for the whole minibatch, exactly:
    the prefix's forward in one call (torch.autograd.backward on the recorded keys/values).
 
 Under no_grad (logp_old, the reference, V_old) the same prefix is forwarded once and nothing is
-back-propagated. The value model shares it the same way. Not here (`unavailable` says why, once):
-several processes (each rank would need the prefix's gradient before its all-reduce; they keep
-trie.py's per-micro-batch tries) and sliding-window models (the window would cut the prefix).
+back-propagated. The value model shares it the same way.
+
+Under data parallelism (DDP) the prefix is chosen over the whole minibatch, alike on every rank,
+and forwarded once for all ranks: one rank (the owner, taking turns) forwards it and broadcasts
+its keys/values; every rank's micro-batches attend to them; the ranks' gradients on them are summed
+on the owner, which back-propagates them through its forward. The gradient all-reduce comes after
+that (microbatches.py), so it carries the prefix's part too. Not here (`unavailable` says why, once):
+FSDP on several processes (it reduce-scatters every micro-batch's gradients as they come, before the
+prefix's backward; trie.py's per-micro-batch tries) and sliding-window models (the window would cut
+the prefix).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import torch
 
 from clawgym.train import trie
 from clawgym.train.attention import Block, PrefixKV, TreePlan
+from clawgym.train.distributed import Dist
 from clawgym.train.packing import MicroBatch, PackedTree, ancestor_matrix, backbone_forward
 from clawgym.train.support import sliding_window
 
@@ -45,11 +53,11 @@ MIN_TOKENS = 64
 Planned = tuple[list[int], list[PackedTree]]
 
 
-def unavailable(world: int, model_config) -> str | None:
+def unavailable(world: int, model_config, fsdp: bool = False) -> str | None:
     """Why a shared prefix is forwarded once per micro-batch rather than once per step here (None: it is not)."""
-    if world > 1:
-        return (f"--share-prefixes: {world} processes, so a prompt shared across micro-batches is forwarded once per "
-                f"micro-batch (once per step needs a single process)")
+    if world > 1 and fsdp:
+        return (f"--share-prefixes: FSDP on {world} processes, so a prompt shared across micro-batches is forwarded once "
+                f"per micro-batch (once per step needs DDP or a single process)")
     if sliding_window(model_config) is not None:
         name = getattr(model_config, "model_type", None) or type(model_config).__name__
         return (f"--share-prefixes: {name} attends in a sliding window, so a prompt shared across micro-batches is "
@@ -106,44 +114,76 @@ def strip(tree: PackedTree, p: int) -> PackedTree:
 
 
 def plan(trees: Sequence[PackedTree], rows: Sequence[int], token_budget: int) -> list[Planned]:
-    """trie.plan's micro-batches, those of the trees sharing the minibatch's prefix first and without it."""
-    rows = list(rows)
-    group, p = choose(trees, rows)
-    if p:
-        view = list(trees)
-        for i in group:
-            view[i] = strip(trees[i], p)
-        shared = trie.plan(view, group, token_budget)
-        if len(shared) > 1:  # in one micro-batch the trie forwards the prefix once already
-            members = set(group)
-            others = [i for i in rows if i not in members]
-            return shared + (trie.plan(trees, others, token_budget) if others else [])
-    return trie.plan(trees, rows, token_budget)
+    """One process's micro-batches of `rows`: those of the trees sharing the minibatch's prefix first and
+    without it, where that forwards fewer tokens than trie.py's plan."""
+    return plan_ranks(trees, [list(rows)], token_budget)[0][0]
 
 
-def prefix_ids(trees: Sequence[PackedTree], planned: Sequence[Planned | None]) -> torch.Tensor | None:
-    """The token ids of the prefix that planned micro-batches continue, or None."""
-    for step in planned:
-        if step is not None and step[1][0].prefix:
-            return trees[step[0][0]].input_ids[: step[1][0].prefix]
-    return None
+def plan_ranks(trees: Sequence[PackedTree], parts: Sequence[list[int]],
+               token_budget: int) -> tuple[list[list[Planned]], torch.Tensor | None]:
+    """Each rank's micro-batches of its `parts` of a minibatch, and the token ids of the prefix they continue.
+
+    The prefix is chosen over the whole minibatch, so every rank plans the same one from the same
+    `parts`; it is used where forwarding it once and each part's trees without it forwards fewer
+    tokens than trie.py's plan (where it all fits one micro-batch, the trie shares it already)."""
+    plain = [trie.plan(trees, part, token_budget) for part in parts]
+    group, p = choose(trees, [i for part in parts for i in part])
+    if not p:
+        return plain, None
+    shared = [plan_part(trees, part, group, p, token_budget) for part in parts]
+    if p + forwarded(shared) < forwarded(plain):
+        return shared, trees[group[0]].input_ids[:p]
+    return plain, None
+
+
+def forwarded(plans: Sequence[Sequence[Planned]]) -> int:
+    """The tokens the micro-batches of `plans` forward."""
+    return sum(t.n_tokens for steps in plans for _, parts in steps for t in parts)
+
+
+def plan_part(trees: Sequence[PackedTree], mine: Sequence[int], group: Sequence[int], p: int,
+              token_budget: int) -> list[Planned]:
+    """The micro-batches of the trees `mine` (one rank's part of a minibatch) when `group` shares a `p`-token
+    prefix: its members here without it, first, then the others."""
+    members = set(group)
+    shared_rows = [i for i in mine if i in members]
+    view = list(trees)
+    for i in shared_rows:
+        view[i] = strip(trees[i], p)
+    shared = trie.plan(view, shared_rows, token_budget) if shared_rows else []
+    others = [i for i in mine if i not in members]
+    return shared + (trie.plan(trees, others, token_budget) if others else [])
 
 
 class SharedPrefix:
-    """A prefix forwarded once: its keys/values as leaves for the micro-batches, and the backward through it."""
+    """A prefix forwarded once: its keys/values as leaves for the micro-batches, and the backward through it.
 
-    def __init__(self, body: torch.nn.Module, ids: torch.Tensor, device: torch.device):
+    With `dist` of several ranks, only `owner` forwards it (and back-propagates it); the others get
+    its keys/values by broadcast and send their gradients on them back (module docstring)."""
+
+    def __init__(self, body: torch.nn.Module, ids: torch.Tensor, device: torch.device, dist: Dist | None = None,
+                 owner: int = 0):
         n = int(ids.numel())
-        self.tokens = n
+        self.dist, self.owner = (dist, owner) if dist is not None and dist.world > 1 else (None, 0)
+        here = self.dist is None or self.dist.rank == owner
+        self.tokens = n if here else 0  # forwarded by this process
         recorded = PrefixKV(n)
-        positions = torch.arange(n, device=device)[None]
-        # One chain: a single causal block, whatever the micro-batches' attention (flex, dense) is.
-        chain = TreePlan([[Block(0, n, [(0, n)], None)]], [n], positions, record=recorded)
-        none = torch.zeros(0, dtype=torch.long, device=device)
-        backbone_forward(body, MicroBatch(ids[None].to(device), positions, chain, none, none, n))
-        self.recorded = recorded
-        self.kv = PrefixKV(n, {i: k.detach().requires_grad_(k.requires_grad) for i, k in recorded.keys.items()},
-                           {i: v.detach().requires_grad_(v.requires_grad) for i, v in recorded.values.items()})
+        if here:
+            positions = torch.arange(n, device=device)[None]
+            # One chain: a single causal block, whatever the micro-batches' attention (flex, dense) is.
+            chain = TreePlan([[Block(0, n, [(0, n)], None)]], [n], positions, record=recorded)
+            none = torch.zeros(0, dtype=torch.long, device=device)
+            backbone_forward(body, MicroBatch(ids[None].to(device), positions, chain, none, none, n))
+        layers = sorted(recorded.keys)
+        keys, values = [recorded.keys[i] for i in layers], [recorded.values[i] for i in layers]
+        grad = [t.requires_grad for t in keys + values]
+        if self.dist is not None:  # the owner's keys/values, and which need a gradient, on every rank
+            layers, grad = self.dist.gather_list([(layers, grad)] if here else [])[0]  # the owner's alone
+            got = self.dist.broadcast_tensors(keys + values if here else None, owner, device)
+            keys, values = got[:len(layers)], got[len(layers):]
+        self.recorded = recorded if here else None
+        leaves = [t.detach().requires_grad_(g) for t, g in zip(keys + values, grad)]
+        self.kv = PrefixKV(n, dict(zip(layers, leaves[:len(layers)])), dict(zip(layers, leaves[len(layers):])))
 
     def attach(self, mb: MicroBatch) -> MicroBatch:
         """A micro-batch planned after this prefix, now attending to its keys/values."""
@@ -151,13 +191,21 @@ class SharedPrefix:
         return mb
 
     def backward(self) -> None:
-        """Back-propagate the gradients the micro-batches left on the keys/values through the prefix's forward."""
-        outputs, grads = [], []
-        for got, leaves in ((self.recorded.keys, self.kv.keys), (self.recorded.values, self.kv.values)):
-            for i, t in got.items():
-                if t.requires_grad and leaves[i].grad is not None:
-                    outputs.append(t)
-                    grads.append(leaves[i].grad)
-        if outputs:
-            torch.autograd.backward(outputs, grads)
+        """Back-propagate the gradients the micro-batches left on the keys/values through the prefix's forward
+        (on several ranks: their sum, on the owner)."""
+        layers = sorted(self.kv.keys)
+        leaves = [self.kv.keys[i] for i in layers] + [self.kv.values[i] for i in layers]
+        grads = [t.grad for t in leaves]
+        if self.dist is not None:
+            needed = [k for k, t in enumerate(leaves) if t.requires_grad]
+            summed = self.dist.reduce_tensors([grads[k] if grads[k] is not None else torch.zeros_like(leaves[k])
+                                               for k in needed], self.owner) if needed else None
+            grads = [None] * len(leaves)
+            for k, g in zip(needed, summed or []):
+                grads[k] = g
+        if self.recorded is not None:
+            recorded = [self.recorded.keys[i] for i in layers] + [self.recorded.values[i] for i in layers]
+            pairs = [(t, g) for t, g in zip(recorded, grads) if t.requires_grad and g is not None]
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         self.recorded = self.kv = None  # the prefix's graph and leaves are freed with this step

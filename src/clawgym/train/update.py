@@ -145,7 +145,7 @@ def _policy_pass(models: Models, batch: Batch, scores: Scores, advantages: list[
     sums = _Sums()
     accelerator = micro.accelerator
     for step in micro.steps(plan, models.policy):
-        sums.tokens_forwarded += 0 if step.padding else step.forwarded
+        sums.tokens_forwarded += step.forwarded
         w = micro.token_weights(token_weights, step)
         logp_old, logp_rollout = micro.gather(scores.logp_old, step), micro.gather(batch.logp_rollout, step)
         adv = micro.gather(advantages, step)
@@ -157,7 +157,7 @@ def _policy_pass(models: Models, batch: Batch, scores: Scores, advantages: list[
         if terms.pg is not None:
             sums.pg_loss += float((w * terms.pg).detach().sum())
         loss = (w * terms.loss).sum()
-        micro.backward(models.policy, step, loss)
+        micro.backward(step, loss)
         if step.padding:
             continue
         log_ratio = (logp_old - logp_rollout).detach()
@@ -197,7 +197,7 @@ def value_update(models: Models, batch: Batch, micro: RankMicroBatches, plan: Ra
         with accelerator.autocast():
             v = models.value(step.batch)
         loss = (micro.token_weights(token_weights, step) * L.value_loss(v, micro.gather(batch.returns, step))).sum()
-        micro.backward(models.value, step, loss)
+        micro.backward(step, loss)
         total += float(loss.detach())
     accelerator.clip_grad_norm_(models.value.parameters(), cfg.max_grad_norm)
     models.value_optimizer.step()
