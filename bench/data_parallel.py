@@ -3,8 +3,8 @@
 The step is made as a user makes one: `clawgym init-model --size small`, a scripted agentloop
 rollout of the toy tasks with `--n 8` and answers of uneven length (digits and letters mixed, so
 the GRPO groups have signal), `build-trees`; two shapes: short answers (1-8 words), where the
-harness's shared prompt is most of the step, and long ones (1-200 words). The same `clawgym train STEP --algo grpo --epochs E`
-then runs under `torchrun --standalone --nproc_per_node N` with OMP_NUM_THREADS=1, N = 1 and 2,
+harness's shared prompt is most of the step, and long ones (1-200 words). The same `clawgym train
+STEP --algo grpo --epochs E` then runs under `torchrun --standalone --nproc_per_node N` with OMP_NUM_THREADS=1, N = 1 and 2,
 for DDP and for FSDP (`--fsdp`). Each rank writes the CPU seconds of its phases (the trainer's
 CLAWGYM_CPU_PHASES hook, train/cpu_phases.py): start-up (interpreter, imports, process group),
 batch (reading, choosing and packing the trees), models (loading and wrapping), plan (the rank's
@@ -13,7 +13,7 @@ optimizer steps), checkpoint. The bench prints them per rank and the ratio of th
 seconds (user + system of torchrun and every rank, from the kernel) of 2 ranks to 1 rank, and
 checks the two runs' weights agree.
 
-    python3 bench/data_parallel.py                   # 24 epochs, DDP and FSDP, a few minutes on 2 cores
+    python3 bench/data_parallel.py                   # 24 epochs, DDP and FSDP, two shapes: about 15 min on 2 cores
     python3 bench/data_parallel.py --small           # seconds: 2 epochs, DDP only
 """
 
