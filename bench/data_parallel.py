@@ -5,7 +5,7 @@ rollout of the toy tasks with `--n 8` and answers of uneven length (digits and l
 the GRPO groups have signal), `build-trees`; two shapes: short answers (1-8 words), where the
 harness's shared prompt is most of the step, and long ones (1-200 words). The same `clawgym train
 STEP --algo grpo --epochs E` then runs under `torchrun --standalone --nproc_per_node N` with OMP_NUM_THREADS=1, N = 1 and 2,
-for DDP and for FSDP (`--fsdp`). Each rank writes the CPU seconds of its phases (the trainer's
+for DDP and for FSDP (`--fsdp`, 2 ranks only; compared with the same one process). Each rank writes the CPU seconds of its phases (the trainer's
 CLAWGYM_CPU_PHASES hook, train/cpu_phases.py): start-up (interpreter, imports, process group),
 batch (reading, choosing and packing the trees), models (loading and wrapping), plan (the rank's
 micro-batches and the memory check), score (logp_old), updates (forward, backward, collectives,
@@ -89,20 +89,25 @@ def max_weight_diff(a: Path, b: Path) -> float:
 def measure(scratch: Path, words: int, n: int, epochs: int, no_fsdp: bool) -> list[str]:
     """The table rows of one step shape: DDP (and FSDP) on 1 and 2 ranks, each rank's phases."""
     model, step = make_step(scratch, n, max_words=words)
-    rows = []
+    one = train_ranks(step, model, scratch / "one", 1, epochs, [])  # FSDP needs 2 ranks: both compare with this
+    rows = [row(words, "1 process", 0, one, None, None)]
     for mode, extra in (("DDP", []), *(() if no_fsdp else (("FSDP", ["--fsdp"]),))):
-        runs = {k: train_ranks(step, model, scratch / f"{mode}-{k}", k, epochs, extra) for k in (1, 2)}
-        ratio = runs[2]["cpu"] / runs[1]["cpu"]
-        dw = max_weight_diff(scratch / f"{mode}-1", scratch / f"{mode}-2")
-        for k, r in runs.items():
-            for rank, ph in enumerate(r["ranks"]):
-                first, total = rank == 0, k == 2 and rank == 0
-                cells = [f"1-{words} words", mode, f"{k} (rank {rank})", f"{r['cpu']:.1f}" if first else "",
-                         f"{r['wall']:.1f}" if first else "", *(f"{ph.get(p, 0.0):.2f}" for p in PHASES),
-                         f"{ratio:.2f}" if total else "", f"{dw:.1e}" if total else ""]
-                rows.append("| " + " | ".join(cells) + " |")
-                print(rows[-1], flush=True)
+        two = train_ranks(step, model, scratch / mode, 2, epochs, extra)
+        dw = max_weight_diff(scratch / "one", scratch / mode)
+        rows += [row(words, mode, rank, two, one, dw) for rank in range(2)]
     return rows
+
+
+def row(words: int, mode: str, rank: int, run: dict, one: dict | None, dw: float | None) -> str:
+    """One rank's table row; the run's totals, and its ratios to one process, on rank 0's."""
+    ph, first = run["ranks"][rank], rank == 0
+    updates = sum(r.get("updates", 0.0) for r in run["ranks"])
+    ratios = [f"{run['cpu'] / one['cpu']:.2f}", f"{updates / one['ranks'][0]['updates']:.2f}", f"{dw:.1e}"] \
+        if one is not None and first else ["", "", ""]
+    cells = [f"1-{words} words", mode, f"{len(run['ranks'])} (rank {rank})", f"{run['cpu']:.1f}" if first else "",
+             f"{run['wall']:.1f}" if first else "", *(f"{ph.get(p, 0.0):.2f}" for p in PHASES), *ratios]
+    print("| " + " | ".join(cells) + " |", flush=True)
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> int:
@@ -119,7 +124,7 @@ def main() -> int:
           f"{len(list(TOY.iterdir()))} toy tasks (the small model), under torchrun, OMP_NUM_THREADS=1, {os.cpu_count()} CPUs",
           flush=True)
     header = ("| answers | mode | ranks | CPU s | wall s | " + " | ".join(f"rank CPU s: {p}" for p in PHASES)
-              + " | 2 ranks / 1 rank CPU | max abs Δw |")
+              + " | CPU: 2 ranks / 1 | updates CPU: 2 ranks / 1 | max abs Δw to 1 process |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for words in (int(w) for w in a.words.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +132,9 @@ def main() -> int:
     print()
     print("\n".join(rows))
     print("\nCPU s: user + system seconds of torchrun and all its ranks (the kernel's rusage); a rank's phases "
-          "are its own process's CPU seconds in each phase of `train` (train/cpu_phases.py).")
+          "are its own process's CPU seconds in each phase of `train` (train/cpu_phases.py); updates CPU: the "
+          "ranks' updates phases summed, over one process's. FSDP on 2 ranks is compared with 1 process (FSDP "
+          "needs 2).")
     return 0
 
 
