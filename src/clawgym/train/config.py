@@ -52,7 +52,7 @@ class TrainConfig:
                                 f"(lm_head.py; {HEAD_CHUNK} saves most of the head's memory); 0: all at once, as autograd's own ops do.")
     attention: str = option("auto", "Packed-tree attention: auto (flex on CUDA, segments on CPU) | segments | dense | flex (attention.py).")
     share_prefixes: bool = option(True, "Forward a prefix that rollouts share once: the prompt a minibatch's trees share once per optimizer step "
-                                        "(prefix.py; one process, no sliding window), prefixes shared within a micro-batch once per micro-batch "
+                                        "(prefix.py; one process or DDP, no sliding window), prefixes shared within a micro-batch once per micro-batch "
                                         "as one trie (trie.py); losses stay per rollout.")
     value_lr: float = option(1e-5, "PPO: value model learning rate.")
     value_warmup_steps: int = option(0, "PPO: value-only updates over the batch before the policy moves.")
