@@ -611,11 +611,12 @@ def _step_runs(trees: list[PackedTree], budgets: list[int]) -> tuple[dict[tuple[
     unique = merge_trees(trees)
     n_scored = sum(t.n_trainable for t in trees)
     for budget in budgets:
-        for key, planned in ((("step", budget), plan(trees, range(len(trees)), budget)),
-                             (("prefix", budget), prefix.plan(trees, range(len(trees)), budget))):
+        (with_prefix,), ids = prefix.plan_ranks(trees, [list(range(len(trees)))], budget)
+        for key, planned, shared in ((("step", budget), plan(trees, range(len(trees)), budget), None),
+                                     (("prefix", budget), with_prefix, ids)):
             runs[key] = [(collate(parts, range(len(parts))), torch.ones(sum(trees[i].n_trainable for i in rows)))
                          for rows, parts in planned]
-            extra[key] = (prefix.prefix_ids(trees, planned), [rows for rows, _ in planned])
+            extra[key] = (shared, [rows for rows, _ in planned])
         rows = []
         for a in range(0, unique.n_tokens, budget):
             path = torch.arange(a, min(a + budget, unique.n_tokens))
