@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"
 PARSE_ONLY = "CLAWGYM_BENCH_PARSE_ONLY"  # set: parse(ap) exits 0 once the arguments parse (tests/test_benches.py)
 MARK = "<!-- results: {key} -->"
+PHASE_PEAKS = re.compile(r"\| peak GiB ([^|\n]*)")
+"""a `clawgym run` step line's per-phase peaks (console.step_line): `| peak GiB rollout 4.6  train 9.2 |`"""
 END = "<!-- end results -->"
 HEADER = """# Measured results
 
@@ -111,9 +113,13 @@ def record(cmd: list[str], key: str, results: Path = RESULTS) -> int:
         print(f"results_md: `{key}` exited {proc.returncode}; {results} left as it was", file=sys.stderr)
         return proc.returncode
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB
+    peak = f"peak RSS of a process {rss:.2f} GiB"
+    phases = [float(x) for m in PHASE_PEAKS.finditer("".join(out)) for x in re.findall(r"\d+\.\d+", m[1])]
+    if phases:  # `clawgym run` resets the kernel's high-water mark at each phase, so ru_maxrss is its last phase's
+        peak = f"peak RSS {max(phases + [rss]):.2f} GiB (the largest phase peak its step lines report)"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = (f"Measured {when} · {machine()} · load average {load0:.1f} → {load1:.1f} · "
-            f"wall {wall:.0f} s · peak RSS of a process {rss:.2f} GiB\n\n```text\n"
+            f"wall {wall:.0f} s · {peak}\n\n```text\n"
             + re.sub(r"\x1b\[[0-9;]*m", "", "".join(line for line in out if not PROGRESS.search(line))).rstrip() + "\n```\n")
     write_section(results, key, body)
     print(f"results_md: wrote `{key}` in {results}", file=sys.stderr)
@@ -150,9 +156,12 @@ def self_check() -> int:
         assert record([*py, f"print('two'); print({bar!r})"], "second", path) == 0
         assert record([*py, "print('| a | 2 |')"], "first", path) == 0
         assert record([*py, "raise SystemExit(3)"], "second", path) == 3
+        line = "step 1/2  reward 0.500 ± 0.100 | rollout 1m02s  train 9s | peak GiB rollout 1.5  train 7.25 | ETA 1m"
+        assert record([*py, f"print({line!r})"], "run", path) == 0
         text = path.read_text(encoding="utf-8")
         found = sections(text)
-        assert list(found) == ["first", "second"], found
+        assert list(found) == ["first", "second", "run"], found
+        assert "peak RSS 7.25 GiB (the largest phase peak" in found["run"], found["run"]
         assert "| a | 2 |" in found["first"] and "| a | 1 |" not in text, text
         assert "two" in found["second"] and "Loading weights" not in text, text
     print("results_md: sections written, replaced in place, kept on failure")
