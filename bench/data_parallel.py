@@ -14,7 +14,7 @@ seconds (user + system of torchrun and every rank, from the kernel) of 2 ranks t
 checks the two runs' weights agree.
 
     python3 bench/data_parallel.py                   # 24 epochs, DDP and FSDP, two shapes: about 15 min on 2 cores
-    python3 bench/data_parallel.py --small           # seconds: 2 epochs, DDP only
+    python3 bench/data_parallel.py --small           # seconds: 1 epoch, --n 2, DDP only
 """
 
 from __future__ import annotations
@@ -116,10 +116,10 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=8, help="rollouts per toy task")
     ap.add_argument("--no-fsdp", action="store_true", help="DDP only")
     ap.add_argument("--words", default="8,200", help="the most words of an answer, one step shape each, comma-separated")
-    ap.add_argument("--small", action="store_true", help="a smoke run in seconds: 2 epochs, --n 4, DDP only")
+    ap.add_argument("--small", action="store_true", help="a smoke run in seconds: 1 epoch, --n 2, DDP only")
     a = results_md.parse(ap)
     if a.small:
-        a.epochs, a.n, a.no_fsdp, a.words = 2, 4, True, "8"
+        a.epochs, a.n, a.no_fsdp, a.words = 1, 2, True, "8"
     print(f"`clawgym train --algo grpo --epochs {a.epochs}` on {a.n} agentloop rollouts of each of the "
           f"{len(list(TOY.iterdir()))} toy tasks (the small model), under torchrun, OMP_NUM_THREADS=1, {os.cpu_count()} CPUs",
           flush=True)
