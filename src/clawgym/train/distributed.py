@@ -101,18 +101,23 @@ class Dist:
         if self.world > 1:
             torch.distributed.barrier()
 
-    def broadcast_tensors(self, tensors: list[torch.Tensor] | None, src: int, device: torch.device) -> list[torch.Tensor]:
-        """`src`'s `tensors` (the others pass None) on every rank: their shapes and dtypes, then one flat buffer."""
-        meta = [[(tuple(t.shape), t.dtype) for t in tensors] if self.rank == src else None]
+    def broadcast_tensors(self, tensors: list[torch.Tensor] | None, src: int, device: torch.device,
+                          extra: Any = None) -> tuple[list[torch.Tensor], Any]:
+        """`src`'s `tensors` and `extra` (a small picklable value; the others pass None for both) on every
+        rank: their shapes, dtypes and `extra` in one object broadcast, then one flat buffer. `src` keeps
+        its own tensors, detached."""
+        meta = [([(tuple(t.shape), t.dtype) for t in tensors], extra) if self.rank == src else None]
         torch.distributed.broadcast_object_list(meta, src=src)
-        specs = meta[0]
+        specs, extra = meta[0]
         if self.rank == src:
             flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
         else:
             flat = torch.empty(sum(_numel(shape) for shape, _ in specs), device=device)
         torch.distributed.broadcast(flat, src=src)
+        if self.rank == src:
+            return [t.detach() for t in tensors], extra
         parts = flat.split([_numel(shape) for shape, _ in specs])
-        return [part.reshape(shape).to(dtype) for part, (shape, dtype) in zip(parts, specs)]
+        return [part.reshape(shape).to(dtype) for part, (shape, dtype) in zip(parts, specs)], extra
 
     def reduce_tensors(self, tensors: list[torch.Tensor], dst: int) -> list[torch.Tensor] | None:
         """The sum over ranks of each of `tensors` (alike in shape on every rank), on `dst`; None elsewhere."""

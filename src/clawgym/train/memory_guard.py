@@ -68,14 +68,9 @@ class Need:
 
 def sizes(trees, plan: RankPlan) -> tuple[list[tuple[int, int]], int]:
     """(padded tokens, scored-trainable tokens) of each planned micro-batch, and the shared prefix's tokens."""
-    out, prefix = [], 0
-    for planned in plan:
-        if planned is None:
-            continue
-        rows, parts = planned
-        out.append((len(parts) * max(p.n_tokens for p in parts), sum(trees[i].n_trainable for i in rows)))
-        prefix = max(prefix, parts[0].prefix)
-    return out or [(0, 0)], max(prefix, len(plan.prefix) if plan.prefix is not None else 0)
+    out = [(len(parts) * max(p.n_tokens for p in parts), sum(trees[i].n_trainable for i in rows))
+           for rows, parts in (planned for planned in plan if planned is not None)]
+    return out or [(0, 0)], len(plan.prefix) if plan.prefix is not None else 0
 
 
 def need(cfg: TrainConfig, shape: memory.Shape, world: int, device: torch.device, trees, plan: RankPlan,

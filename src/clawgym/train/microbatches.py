@@ -65,8 +65,6 @@ class MicroStep:
     """collated, on the device"""
     padding: bool
     """a zero-weight step, only there so every rank makes the same calls"""
-    last: bool
-    """the minibatch's last step"""
     forwarded: int
     """real tokens this process forwarded for this step: its own (none for a padding step), and a shared prefix
     forwarded just before it"""
@@ -132,12 +130,11 @@ class RankMicroBatches:
             mb = collate(parts, range(len(parts)), attention=self.attention).to(self.accelerator.device)
             if parts[0].prefix:
                 mb = shared.attach(mb)
-            last = j == len(plan) - 1
-            reduce = self.dist.world == 1 or self.sharded or (last and not by_hand)
+            reduce = self.dist.world == 1 or self.sharded or (j == len(plan) - 1 and not by_hand)
             # DDP decides at the forward whether the backward all-reduces: the caller's forward and
             # backward of this step run while the generator waits here
             with contextlib.nullcontext() if reduce else self.accelerator.no_sync(module):
-                yield MicroStep(rows, mb, planned is None, last, forwarded + (0 if planned is None else mb.n_tokens))
+                yield MicroStep(rows, mb, planned is None, forwarded + (0 if planned is None else mb.n_tokens))
             forwarded = 0
             del mb
             if self.accelerator.device.type == "cpu":

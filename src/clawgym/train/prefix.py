@@ -178,8 +178,8 @@ class SharedPrefix:
         keys, values = [recorded.keys[i] for i in layers], [recorded.values[i] for i in layers]
         grad = [t.requires_grad for t in keys + values]
         if self.dist is not None:  # the owner's keys/values, and which need a gradient, on every rank
-            layers, grad = self.dist.gather_list([(layers, grad)] if here else [])[0]  # the owner's alone
-            got = self.dist.broadcast_tensors(keys + values if here else None, owner, device)
+            got, (layers, grad) = self.dist.broadcast_tensors(keys + values if here else None, owner, device,
+                                                              (layers, grad) if here else None)
             keys, values = got[:len(layers)], got[len(layers):]
         self.recorded = recorded if here else None
         leaves = [t.detach().requires_grad_(g) for t, g in zip(keys + values, grad)]
