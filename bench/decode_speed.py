@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from clawgym.engines.shared_attention import MIN_SHARED
-from clawgym.pretrained import model_by_name
+from clawgym.models.pretrained import model_by_name
 
 import results_md  # bench/results_md.py: --write-results
 

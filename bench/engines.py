@@ -121,7 +121,7 @@ def main() -> None:
     tmp = None
     model = args.model
     if model is None:  # the tiny model; kept beside the calls with --out so that they can be re-measured
-        from clawgym.model import init_model
+        from clawgym.models.tiny import init_model
 
         if args.out:
             model = args.out / "model"
@@ -144,7 +144,7 @@ def main() -> None:
             written.append(path)
     console.print(render(rows))
     if written:
-        from clawgym.mismatch import run_mismatch
+        from clawgym.run.mismatch import run_mismatch
 
         run_mismatch(written, Path(model), console)
         console.print(f"calls written to {', '.join(map(str, written))}; model {model}")

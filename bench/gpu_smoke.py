@@ -53,7 +53,7 @@ def stage_model(args) -> None:
     import torch
     from transformers import AutoConfig, Qwen3ForCausalLM
 
-    from clawgym.model import init_model
+    from clawgym.models.tiny import init_model
 
     t0 = time.monotonic()
     init_model(args.work / "model", seed=0, size="tiny", force=True)  # the tokenizer and generation config
@@ -179,7 +179,7 @@ async def _engine(args) -> None:
     from transformers import AutoModelForCausalLM
 
     from clawgym.engines import EngineConfig, Sampling, make_engine
-    from clawgym.mismatch import token_stats, trainer_logprobs
+    from clawgym.run.mismatch import token_stats, trainer_logprobs
 
     options = {"max_model_len": 4096} if args.engine == "vllm" else {}
     t0 = time.monotonic()

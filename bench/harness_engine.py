@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from clawgym.layout import RunLayout
-from clawgym.pretrained import model_by_name
+from clawgym.models.pretrained import model_by_name
 
 import results_md  # bench/results_md.py: --write-results
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from clawgym.pretrained import model_by_name
+from clawgym.models.pretrained import model_by_name
 
 from clawgym.engines import Sampling
 from clawgym.engines.hf import HFEngine

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from clawgym.engines import Sampling
 from clawgym.engines.hf import HFEngine
-from clawgym.pretrained import model_by_name
+from clawgym.models.pretrained import model_by_name
 
 import results_md  # bench/results_md.py: --write-results
 

@@ -151,7 +151,7 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model) if args.model else Path(tmp) / "tiny"
         if not args.model:
-            from clawgym.model import init_model
+            from clawgym.models.tiny import init_model
 
             init_model(model, seed=0, size="tiny")
         server = ProxyServer(ProxyConfig(model_dir=model, engine="scripted", port=0, records_dir=Path(tmp) / "records",

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from clawgym import artifacts as A
-from clawgym import metrics as M
+from clawgym.run import metrics as M
 
 import results_md  # bench/results_md.py: --write-results
 

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clawgym import artifacts as A
-from clawgym.model import init_model
+from clawgym.models.tiny import init_model
 from clawgym.rollout.harnesses import HARNESSES
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 

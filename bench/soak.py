@@ -374,7 +374,7 @@ def main() -> None:
         return
     model = Path(args.model) if args.model else None
     if model is None:
-        from clawgym.model import init_model
+        from clawgym.models.tiny import init_model
 
         model = Path(tempfile.mkdtemp(prefix="clawgym-soak-model-")) / "tiny"
         init_model(model, seed=0, size="tiny")

@@ -359,7 +359,7 @@ def lora_vs_full(args) -> None:
 def _tiny_policy(args) -> PackedPolicy:
     from transformers import AutoModelForCausalLM
 
-    from clawgym.model import init_model
+    from clawgym.models.tiny import init_model
 
     torch.manual_seed(0)
     model_dir = args.model
@@ -675,7 +675,7 @@ def _smollm2_policy() -> PackedPolicy:
     """SmolLM2-135M-Instruct (`clawgym init-model --from smollm2-135m-instruct`, converted once and cached)."""
     from transformers import AutoModelForCausalLM
 
-    from clawgym.pretrained import init_pretrained
+    from clawgym.models.pretrained import init_pretrained
 
     model_dir = Path(tempfile.mkdtemp()) / "smollm2"
     init_pretrained(model_dir, "smollm2-135m-instruct")
@@ -864,7 +864,7 @@ def main() -> int:
 
     model_dir = args.model
     if model_dir is None:
-        from clawgym.model import init_model
+        from clawgym.models.tiny import init_model
 
         model_dir = Path(tempfile.mkdtemp()) / "tiny"
         init_model(model_dir, seed=0, size="tiny")

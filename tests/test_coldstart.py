@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 
 from clawgym import artifacts as A
-from clawgym import console as C
-from clawgym import metrics as M
-from clawgym.config import load_recipe
+from clawgym.run import progress as P
+from clawgym.run import metrics as M
+from clawgym.run.recipe import load_recipe
 from clawgym.engines import EngineConfig, EngineError, Sampling, make_engine
 from clawgym.engines.base import Chat, ReadsChat
 from clawgym.errors import UserError
@@ -21,7 +21,7 @@ from clawgym.rollout.harnesses.agentloop import SYSTEM_PROMPT, TOOLS
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.tasks.families import FAMILIES, make_tasks
 from clawgym.tasks.generated import Reply, ToolCall
-from clawgym.tasks.teacher import HARNESSES, fit_call, harness_form, offered_tools, read_chat, workdir
+from clawgym.engines.teacher import HARNESSES, fit_call, harness_form, offered_tools, read_chat, workdir
 from clawgym.train.loop import TrainConfig, train
 from clawgym.trees import resolve_config, run_build_trees
 from helpers import model_with_template, skip_unless_installed, template_fixture
@@ -334,7 +334,7 @@ n = 1
     # the wall time of each cold-start stage, in the metrics and at the end of the step-0 line
     stages = {k: zero[k] for k in ("time/base_eval_s", "time/teach_s", "time/sft_s", "time/sft_eval_s")}
     assert all(s > 0 for s in stages.values()), stages
-    assert f"| base eval {C.duration(stages['time/base_eval_s'])}  teacher " in r.stderr
+    assert f"| base eval {P.duration(stages['time/base_eval_s'])}  teacher " in r.stderr
     # each stage's and each phase's peak resident memory: at least the model the process holds
     peaks = [zero[p.peak_key] for p in M.COLD_START_PHASES] + [one[p.peak_key] for p in M.PHASES]
     assert all(0.1 < g < 64 for g in peaks), peaks
@@ -362,7 +362,7 @@ def test_the_quickstart_recipe_loads_and_its_sft_section_round_trips() -> None:
     assert 0 < r.rollout.tasks_per_step < 96
     assert r.eval.tasks == tasks / "scan" / "heldout" and r.eval.every > 0
     assert r.rollout.harness_options["agentloop"]["tools"] == ["bash", "write"]
-    from clawgym.config import recipe_to_toml
+    from clawgym.run.recipe import recipe_to_toml
 
     text = recipe_to_toml(r)
     assert "[sft]" in text and 'family = "scan"' in text
@@ -386,7 +386,7 @@ def test_the_smollm2_tools_recipe_loads_and_names_its_pretrained_model_and_templ
     assert (r.sft.n, r.sft.family, r.sft.tasks) == (1, "lookup", None)
     assert r.rollout.tasks == root / "recipes" / "tasks" / "lookup" / "train" and r.rollout.tasks_per_step > 0 and r.train["algo"] == "grpo"
     assert r.eval.tasks == root / "recipes" / "tasks" / "lookup" / "heldout" and r.eval.every == r.run.steps  # eval after RL
-    from clawgym.config import recipe_to_toml
+    from clawgym.run.recipe import recipe_to_toml
 
     assert 'init = "smollm2-135m-instruct"' in recipe_to_toml(r)
 

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from clawgym import artifacts as A
-from clawgym.compare import cells_of, compare, markdown, parse_policies, standard_error
+from clawgym.run.compare import cells_of, compare, markdown, parse_policies, standard_error
 from clawgym.errors import UserError
 from clawgym.rollout.runner import RolloutConfig
 from clawgym.tasks.families import make_tasks

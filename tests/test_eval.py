@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 
 from clawgym import artifacts as A
-from clawgym import metrics as M
-from clawgym.eval import pass_table, report_from_rollouts
+from clawgym.run import metrics as M
+from clawgym.run.eval import pass_table, report_from_rollouts
 
 
 def rollout(task: str, category: str, harness: str, reward: float | None, i: int = 0) -> A.RolloutRecord:
@@ -63,7 +63,7 @@ def test_the_tables_show_a_row_per_harness_and_the_pooled_row() -> None:
 def test_inspect_shows_a_mixed_evaluations_pass_at_1_per_harness(tmp_path) -> None:
     import orjson
 
-    from clawgym.inspection import inspect_run
+    from clawgym.run.inspection import inspect_run
     from clawgym.layout import RunLayout
 
     edir = RunLayout(tmp_path).eval(1)

@@ -131,7 +131,7 @@ def test_one_grpo_step_through_claude_code_on_smollm2(smollm2_model: Path, tmp_p
     import torch
     from transformers import AutoModelForCausalLM
 
-    from clawgym.mismatch import measure
+    from clawgym.run.mismatch import measure
 
     model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-0001", dtype=torch.float32).eval()
     m = measure(run / "eval" / "step-0001" / "calls.parquet", model)

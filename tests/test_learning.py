@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.config import load_recipe
+from clawgym.run.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "quickstart.toml"

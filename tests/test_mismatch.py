@@ -14,7 +14,7 @@ import pytest
 from clawgym.artifacts import CallRecord, write_table
 from clawgym.engines import EngineConfig, Sampling, make_engine
 from clawgym.errors import UserError
-from clawgym.mismatch import load_policy, measure, token_stats, trainer_logprobs
+from clawgym.run.mismatch import load_policy, measure, token_stats, trainer_logprobs
 
 
 def call(i: int, prompt: list[int], out: list[int], lps: list[float], version: int = 0, **kw) -> CallRecord:

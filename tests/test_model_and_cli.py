@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.model import CHAT_TEMPLATE, MARKUP_TOKENS
+from clawgym.models.tiny import CHAT_TEMPLATE, MARKUP_TOKENS
 
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
 

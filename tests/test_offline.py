@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from clawgym import artifacts as A
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout
-from clawgym.offline import change_line, comparison, parse_overrides, run_steps
+from clawgym.run.replay import change_line, comparison, parse_overrides, run_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,7 +168,7 @@ def test_grpo_replay_at_the_runs_settings_writes_the_runs_checkpoints_and_an_lr_
 @pytest.mark.timeout(600)
 def test_ppo_offline_recipe_replays_policy_value_model_and_both_optimizers(batches: list[Path], tiny_model: Path,
                                                                            tmp_path: Path) -> None:
-    from clawgym.loop import run as run_loop
+    from clawgym.run.loop import run as run_loop
 
     run = make_run(tmp_path / "run", batches, tiny_model, "ppo")
     assert (run.step(2).checkpoint / "value" / "optimizer.pt").exists()
@@ -269,7 +269,7 @@ def test_the_replay_refuses_what_it_cannot_do(tmp_path: Path) -> None:
 
 
 def test_an_offline_recipe_may_leave_the_model_to_the_run_and_no_other_may(tmp_path: Path) -> None:
-    from clawgym.config import load_recipe
+    from clawgym.run.recipe import load_recipe
 
     (tmp_path / "runs" / "done").mkdir(parents=True)
     recipe = tmp_path / "r.toml"
@@ -282,7 +282,7 @@ def test_an_offline_recipe_may_leave_the_model_to_the_run_and_no_other_may(tmp_p
 
 
 def test_recorded_settings_fall_back_to_the_runs_recipe(tmp_path: Path) -> None:
-    from clawgym.offline import recorded, train_kwargs
+    from clawgym.run.replay import recorded, train_kwargs
 
     run = RunLayout(tmp_path / "run")
     run.step(1).path.mkdir(parents=True)

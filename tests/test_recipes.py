@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from clawgym.config import load_recipe, recipe_to_toml
-from clawgym.recipe_checks import check_runnable
+from clawgym.run.recipe import load_recipe, recipe_to_toml
+from clawgym.run.checks import check_runnable
 from clawgym.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

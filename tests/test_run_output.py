@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.console import cold_start_line, step_line
+from clawgym.run.progress import cold_start_line, step_line
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout, parse_step_name, step_name
 from clawgym.train.step_metrics import REDUCTIONS, reduce_updates
@@ -61,7 +61,7 @@ def test_the_step_line_shows_reward_spread_eval_mismatch_phases_and_eta() -> Non
 
 
 def test_a_steps_engine_figures_are_the_counters_differences_around_its_rollouts() -> None:
-    from clawgym.metrics import engine_values
+    from clawgym.run.metrics import engine_values
 
     before = {"prompt_tokens": 1000.0, "prompt_tokens_cached": 600.0, "prompt_tokens_computed": 400.0,
               "prefill_seconds": 5.0, "decode_seconds": 10.0, "decode_tokens": 100.0}
@@ -103,7 +103,7 @@ def _toy_line(step: int, reward: float) -> A.MetricsLine:
 def test_tensorboard_sink_writes_event_files_tensorboard_reads_back(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from clawgym.sinks import close_sinks, open_sinks
+    from clawgym.run.sinks import close_sinks, open_sinks
 
     run = RunLayout(tmp_path)
     sinks = open_sinks(run, tensorboard=True, wandb={}, name="t", first_step=1, config={})
@@ -146,7 +146,7 @@ def wandb_history(run_file: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_wandb_sink_runs_offline_inside_the_run_directory(tmp_path: Path, monkeypatch) -> None:
-    from clawgym.sinks import close_sinks, open_sinks
+    from clawgym.run.sinks import close_sinks, open_sinks
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # nothing may land in the home directory
     run = RunLayout(tmp_path / "run")
@@ -164,7 +164,7 @@ def test_wandb_sink_runs_offline_inside_the_run_directory(tmp_path: Path, monkey
 
 
 def test_a_sink_whose_package_is_missing_names_the_extra(tmp_path: Path, monkeypatch) -> None:
-    from clawgym.sinks import open_sinks
+    from clawgym.run.sinks import open_sinks
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     monkeypatch.setitem(sys.modules, "wandb", None)
@@ -182,7 +182,7 @@ def test_a_sink_whose_package_is_missing_names_the_extra(tmp_path: Path, monkeyp
     ("[log]\nwandb = {project = 3}\n", r"\[log\] key 'wandb.project' must be str"),
 ])
 def test_log_section_errors_name_the_key(tmp_path: Path, body: str, message: str) -> None:
-    from clawgym.config import load_recipe
+    from clawgym.run.recipe import load_recipe
 
     (tmp_path / "tasks").mkdir()
     path = tmp_path / "r.toml"
@@ -192,7 +192,7 @@ def test_log_section_errors_name_the_key(tmp_path: Path, body: str, message: str
 
 
 def test_log_section_round_trips_and_is_absent_by_default(tmp_path: Path) -> None:
-    from clawgym.config import load_recipe, recipe_to_toml
+    from clawgym.run.recipe import load_recipe, recipe_to_toml
 
     (tmp_path / "tasks").mkdir()
     path = tmp_path / "r.toml"

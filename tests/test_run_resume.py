@@ -80,8 +80,8 @@ def test_killed_in_each_stage_the_resumed_run_has_exactly_the_planned_rollouts(t
 
 def test_a_finished_run_refuses_to_restart_and_a_changed_recipe_to_resume(tmp_path: Path) -> None:
     from clawgym.errors import UserError
-    from clawgym.loop import _prepare
-    from clawgym.config import load_recipe
+    from clawgym.run.loop import _prepare
+    from clawgym.run.recipe import load_recipe
 
     recipe = write_recipe(tmp_path, "guard", steps=1)
     _prepare(load_recipe(recipe), resume=False)
@@ -93,8 +93,8 @@ def test_a_finished_run_refuses_to_restart_and_a_changed_recipe_to_resume(tmp_pa
 
 
 def test_a_step_trained_before_a_resume_is_reported_from_its_train_jsonl_without_training(tmp_path: Path, monkeypatch) -> None:
-    import clawgym.train.loop
-    from clawgym.loop import run
+    import clawgym.run.loop
+    from clawgym.run.loop import run
 
     recipe = write_recipe(tmp_path, "report", steps=1)
     first = clawgym_run(recipe)
@@ -107,7 +107,7 @@ def test_a_step_trained_before_a_resume_is_reported_from_its_train_jsonl_without
     def refuse(*args, **kwargs):
         raise AssertionError("train() was called for a step whose checkpoint is complete")
 
-    monkeypatch.setattr(clawgym.train.loop, "train", refuse)
+    monkeypatch.setattr(clawgym.run.loop, "train", refuse)
     [again] = run(recipe, resume=True)
     measured = ("time/", "memory/", "proxy/")  # phase times, peaks and the engine's cache counters belong to the process that ran the step
     assert again.step == 1 and any(k.startswith("train/") for k in again.values)

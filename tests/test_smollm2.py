@@ -15,8 +15,8 @@ import pytest
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
-from clawgym.pretrained import PRETRAINED, PypiGguf, init_pretrained
-from clawgym.templates import shipped_template, tool_use_problems
+from clawgym.models.pretrained import PRETRAINED, PypiGguf, init_pretrained
+from clawgym.models.templates import shipped_template, tool_use_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "templates"

@@ -17,7 +17,7 @@ from clawgym.artifacts import materialize_prompts
 from clawgym.errors import UserError
 from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 from clawgym.proxy.server import ProxyServer
-from clawgym.templates import SHIPPED, assistant_completion, load_chat_template, shipped_template, tool_use_problems
+from clawgym.models.templates import SHIPPED, assistant_completion, load_chat_template, shipped_template, tool_use_problems
 from helpers import model_with_template, template_fixture
 
 TOOLS = [{"type": "function", "function": {"name": "exec", "description": "Run a command",
@@ -198,7 +198,7 @@ def test_llama3_template_tool_conversation_prompts_extend(tiny_model, tmp_path) 
 
 
 def test_recipe_engine_chat_template(tmp_path) -> None:
-    from clawgym.config import load_recipe, recipe_to_toml
+    from clawgym.run.recipe import load_recipe, recipe_to_toml
 
     (tmp_path / "tasks").mkdir()
     (tmp_path / "t.jinja").write_text(template_fixture("qwen3.jinja"))

@@ -20,14 +20,13 @@ import typer
 from rich.text import Text
 
 from clawgym import __version__
-from clawgym.console import STDERR
-from clawgym.console import console as out_console
+from clawgym.console import STDERR, console as out_console
 from clawgym.errors import UserError, check_out_dir, check_writable_file
-from clawgym.config import EvalSection, TreesSection
 from clawgym.fields import cli_parameters, key_values, option, parse_cli
 from clawgym.layout import RunLayout, StepLayout
 from clawgym.proxy.config import SERVE_SKIP, ProxyConfig
 from clawgym.rollout.config import JudgeChoice, RolloutConfig
+from clawgym.run.recipe import EvalSection, TreesSection
 from clawgym.train.config import TrainConfig
 
 app = typer.Typer(
@@ -118,14 +117,14 @@ def init_model(
     Example: clawgym init-model models/smol --from smollm2-135m-instruct
     """
     if source is not None:
-        from clawgym.pretrained import init_pretrained
+        from clawgym.models.pretrained import init_pretrained
 
         with err.status(f"fetching and converting {source} into {out} (about a minute the first time)"):
             info = init_pretrained(out, source, force=force)
         how = "copied from the cache" if info.cached else "converted"
         typer.echo(f"wrote {info.path} ({how}): {info.architecture}, {info.n_params:,} parameters, vocab {info.vocab_size}")
         return
-    from clawgym.model import init_model as _init
+    from clawgym.models.tiny import init_model as _init
 
     with err.status(f"building {size} model in {out}"):
         info = _init(out, seed=seed, size=size, force=force)
@@ -431,7 +430,7 @@ def run(
     """
     import shlex
 
-    from clawgym.loop import run as _run
+    from clawgym.run.loop import run as _run
 
     if resume and force:
         raise UserError("--resume continues the run and --force deletes it: give one")
@@ -451,7 +450,7 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 
     Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/toy/checkpoints/step-0008 --n 4 --out runs/eval
     """
-    from clawgym.eval import evaluate
+    from clawgym.run.eval import evaluate
     from clawgym.settings import rollout_rerun
 
     cfg = _rollout_config(options)
@@ -486,7 +485,7 @@ def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MOD
 
     Example: clawgym compare --policy base=models/smol --policy sft=runs/cc/checkpoints/sft --tasks tasks/heldout --harness agentloop,claude-code,codex --n 2 --out runs/table
     """
-    from clawgym.compare import compare, markdown, parse_policies
+    from clawgym.run.compare import compare, markdown, parse_policies
 
     policies = parse_policies(policy)
     cfg = _rollout_config({**options, "model": next(iter(policies.values()))})
@@ -526,7 +525,7 @@ def replay(
 
     Example: clawgym replay recipes/runs/quickstart runs/qs-ppo algo=ppo minibatches=4
     """
-    from clawgym import offline
+    from clawgym.run import replay as offline
 
     items = list(rest or [])
     if table is not None:
@@ -564,7 +563,7 @@ def mismatch(
 
     Example: clawgym mismatch --calls runs/demo/step-0001/calls.parquet --model models/tiny
     """
-    from clawgym.mismatch import run_mismatch
+    from clawgym.run.mismatch import run_mismatch
 
     rows = run_mismatch(calls, model, err if json_out else out_console(), policy_version=policy_version, max_calls=max_calls)
     if json_out:
@@ -588,7 +587,7 @@ def inspect(
 
     Example: clawgym inspect runs/demo/step-0001/calls.parquet
     """
-    from clawgym.inspection import inspect_path
+    from clawgym.run.inspection import inspect_path
 
     if not json_out:
         inspect_path(path, out_console(), rollout=rollout, tokenizer=tokenizer)

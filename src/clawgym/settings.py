@@ -18,6 +18,7 @@ import orjson
 
 from clawgym.artifacts import redact
 from clawgym.errors import UserError
+from clawgym.layout import StepLayout
 
 IGNORED = {
     "rollout": {"out", "concurrency", "proxy_url", "admin_token", "records", "settle_timeout_s", "ray", "ray_num_cpus", "proxy_host"},
@@ -123,7 +124,6 @@ def rollout_rerun(cfg: Any, *, force: bool, console: Any, evaluation: bool = Fal
     rollout outputs and the trees made from them first. An `evaluation` may also grow (`GROWS`)."""
     import shutil
 
-    from clawgym.layout import StepLayout
 
     out = StepLayout(cfg.out)
     if evaluation and out.trees.exists():

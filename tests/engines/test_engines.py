@@ -101,7 +101,7 @@ def test_hf_packed_layout_keeps_every_weight_and_serves_what_the_trainer_compute
     plain layers that sample the same tokens."""
     from clawgym.engines.base import load_policy
     from clawgym.engines.weight_layout import PACK_MIN, available
-    from clawgym.model import init_model
+    from clawgym.models.tiny import init_model
 
     if not available():
         pytest.skip("this torch was built without oneDNN weight packing (the fallback is tested in the next test)")
@@ -202,7 +202,7 @@ def test_hf_seed_greedy_and_stop_ids(hf_engine):
 
 
 def test_hf_reload_bumps_version_and_changes_weights(tiny_model, tmp_path):
-    from clawgym.model import init_model
+    from clawgym.models.tiny import init_model
 
     eng = HFEngine(tiny_model)
     other = tmp_path / "other"

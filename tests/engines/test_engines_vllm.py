@@ -29,7 +29,7 @@ import openai
 import pytest
 
 from clawgym.artifacts import materialize_prompts
-from clawgym.mismatch import load_policy, token_stats, trainer_logprobs
+from clawgym.run.mismatch import load_policy, token_stats, trainer_logprobs
 from clawgym.proxy import ProxyConfig, ProxyThread, read_records
 
 # vLLM's CPU build compiles at start: about a minute on an idle 2-core machine, several times that on

@@ -198,7 +198,7 @@ def test_an_engine_under_a_small_budget_evicts_and_stays_exact(tiny_model, cold)
 
 
 def test_a_reload_drops_the_cache(tiny_model, tmp_path):
-    from clawgym.model import init_model
+    from clawgym.models.tiny import init_model
 
     other = tmp_path / "other"
     init_model(other, seed=1, size="tiny")

@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from clawgym.config import load_recipe
+from clawgym.run.recipe import load_recipe
 from clawgym.errors import UserError
 from clawgym.proxy.client import ProxyUnavailable
 from clawgym.rollout.runner import run_rollouts

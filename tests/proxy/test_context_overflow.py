@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.config import load_recipe
+from clawgym.run.recipe import load_recipe
 from clawgym.errors import UserError
 from clawgym.proxy import ProxyConfig, ProxyThread
 from clawgym.rollout.harnesses.agentloop import SYSTEM_PROMPT, TOOLS, AgentLoop, agent_main

@@ -15,9 +15,9 @@ import anthropic
 import openai
 import pytest
 
-from clawgym.config import load_recipe, recipe_to_toml
+from clawgym.run.recipe import load_recipe, recipe_to_toml
 from clawgym.errors import UserError
-from clawgym.model import CHAT_TEMPLATE
+from clawgym.models.tiny import CHAT_TEMPLATE
 from clawgym.proxy import ProxyConfig, ProxyThread
 from clawgym.proxy.toolparse import PARSERS, choose, detect
 

@@ -19,7 +19,7 @@ from test_verifier import FakeJudge
 
 from clawgym import artifacts as A
 from clawgym.errors import UserError
-from clawgym.inspection import inspect_path
+from clawgym.run.inspection import inspect_path
 from clawgym.rollout.runner import RolloutConfig, run_rollouts
 from clawgym.rollout.verifier import VerifierConfig
 from clawgym.tasks.importers import import_tasks

@@ -298,7 +298,7 @@ def test_a_branching_tree_reports_the_tokens_packing_saved(tmp_path, tiny_model)
 
 def test_several_updates_per_step_return_the_step_metrics_by_each_keys_rule(step, tiny_model, tmp_path):
     from clawgym.layout import StepLayout
-    from clawgym.metrics import step_values
+    from clawgym.run.metrics import step_values
 
     res = train(cfg(step, tiny_model, tmp_path / "c", epochs=2, minibatches=2, lr=1e-3))
     lines = [m.values for m in read_metrics(step / "train.jsonl")]

@@ -447,7 +447,7 @@ def test_draw_tree_shows_kind_role_tokens_verdict_and_words():
 
 
 def test_draw_tree_decodes_with_a_real_tokenizer(request):
-    pytest.importorskip("clawgym.model", reason="init-model is not in this checkout yet")
+    pytest.importorskip("clawgym.models.tiny", reason="init-model is not in this checkout yet")
     tiny_tokenizer = request.getfixturevalue("tiny_tokenizer")
     ids = tiny_tokenizer.encode("hello world, this is the system prompt")
     nodes = build_rollout_tree([call(0, ids, tiny_tokenizer.encode(" ok"))]).nodes

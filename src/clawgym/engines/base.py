@@ -13,7 +13,7 @@ Contract of `generate`:
 - failures raise `EngineError`, which the proxy turns into the protocol's "overloaded" answer.
 
 An engine that answers from the conversation rather than from token ids alone (the task teacher,
-`clawgym.tasks.teacher`) follows `ReadsChat` as well: the proxy then calls `generate_chat` with the
+`clawgym.engines.teacher`) follows `ReadsChat` as well: the proxy then calls `generate_chat` with the
 request's messages and tools as it parsed them (`Chat`), so the engine reads no rendered text and
 works under any chat template.
 """

@@ -1,11 +1,12 @@
 """The engines by name: `ENGINES` (name -> factory taking an EngineConfig), `make_engine` and `check_engine`.
 
 Apart from base.py so that the engines import their shared types from base without base importing them.
-The `teacher` engine is a task family's solver and lives with the families (`clawgym.tasks.teacher`).
+The `teacher` engine is a task family's solver and lives with the families (`clawgym.engines.teacher`).
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,49 +14,26 @@ from clawgym.engines.base import Engine, EngineConfig
 from clawgym.errors import UserError
 
 
-def _hf(config: EngineConfig) -> Engine:
-    from clawgym.engines.hf import HFEngine
+def _built_by(module: str, cls: str) -> Callable[[EngineConfig], Engine]:
+    """The factory of engine class `cls` in `module`, imported on first use: building one engine
+    must not import every other engine's stack (torch, vLLM, aiohttp)."""
+    def build(config: EngineConfig) -> Engine:
+        return getattr(importlib.import_module(module), cls).from_config(config)
 
-    return HFEngine.from_config(config)
-
-
-def _scripted(config: EngineConfig) -> Engine:
-    from clawgym.engines.scripted import ScriptedEngine
-
-    return ScriptedEngine.from_config(config)
-
-
-def _teacher(config: EngineConfig) -> Engine:
-    from clawgym.tasks.teacher import TeacherEngine
-
-    return TeacherEngine.from_config(config)
+    return build
 
 
 def _teacher_options(options: dict[str, Any]) -> None:
-    from clawgym.tasks.teacher import check_options
-
-    check_options(options)
+    importlib.import_module("clawgym.engines.teacher").check_options(options)
 
 
-def _vllm(config: EngineConfig) -> Engine:
-    from clawgym.engines.vllm import VLLMEngine
-
-    return VLLMEngine.from_config(config)
-
-
-def _remote(config: EngineConfig) -> Engine:
-    from clawgym.engines.remote import RemoteEngine
-
-    return RemoteEngine.from_config(config)
-
-
-# Name -> factory. Factories import lazily so that `import clawgym.engines` stays cheap.
+# Name -> factory; each imports its engine's module when it builds one.
 ENGINES: dict[str, Callable[[EngineConfig], Engine]] = {
-    "hf": _hf,
-    "scripted": _scripted,
-    "teacher": _teacher,
-    "vllm": _vllm,
-    "remote": _remote,
+    "hf": _built_by("clawgym.engines.hf", "HFEngine"),
+    "scripted": _built_by("clawgym.engines.scripted", "ScriptedEngine"),
+    "teacher": _built_by("clawgym.engines.teacher", "TeacherEngine"),
+    "vllm": _built_by("clawgym.engines.vllm", "VLLMEngine"),
+    "remote": _built_by("clawgym.engines.remote", "RemoteEngine"),
 }
 
 

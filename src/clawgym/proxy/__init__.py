@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from clawgym.errors import UserError
+
 if TYPE_CHECKING:
     from clawgym.proxy.config import ProxyConfig
 
@@ -40,11 +42,9 @@ def serve(config: ProxyConfig, *, ready=None) -> int | None:
     import asyncio
     import signal
 
-    from clawgym.errors import UserError
+    from clawgym.proxy.server import ProxyServer  # here: the server brings aiohttp, which `clawgym --help` need not load
 
     stopped_by: list[int] = []
-
-    from clawgym.proxy.server import ProxyServer
 
     async def main() -> None:
         server = ProxyServer(config)

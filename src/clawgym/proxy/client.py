@@ -64,7 +64,7 @@ class AdminClient:
 
     def settle(self, rollout_id: str, timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict:
         """Wait until the rollout has nothing in flight and its record count held across `checks` polls."""
-        from clawgym.proxy.admin import wait_settled
+        from clawgym.proxy.admin import wait_settled  # here: admin brings aiohttp; the client is plain urllib
 
         st = wait_settled(lambda: self.admin("GET", f"/admin/rollouts/{rollout_id}"), timeout, checks, interval)
         if st is None:

@@ -12,20 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.engines.registry import ENGINES
-from clawgym.fields import option, same_as
+from clawgym.fields import KEY_VALUES, option
 from clawgym.proxy.toolparse import AUTO, PARSERS
-from clawgym.rollout.config import RolloutConfig
 
 
 @dataclass
 class ProxyConfig:
     """What one proxy serves and how. The fields are `clawgym serve-proxy`'s options (cli.py,
-    `clawgym.fields`; `SERVE_SKIP` are not), and the engine, its parser and template share
-    RolloutConfig's defaults (the proxy `clawgym rollout` starts is this one)."""
+    `clawgym.fields`; `SERVE_SKIP` are not). The engine, its options, parser and template, and the
+    address are also RolloutConfig's fields (the proxy `clawgym rollout` starts is this one), which
+    takes their defaults and forms from here."""
 
     model_dir: Path = option(help="Model directory (HF format; its tokenizer and chat template render prompts).", flag="--model")
-    engine: str = same_as(RolloutConfig, "engine", help=f"Engine: {' | '.join(ENGINES)} (docs/engines.md).")
-    host: str = same_as(RolloutConfig, "proxy_host", help="Address to bind; loopback by default.")
+    engine: str = option("hf", f"Engine: {' | '.join(ENGINES)} (docs/engines.md).")
+    host: str = option("127.0.0.1", "Address to bind; loopback by default.")
     port: int = option(8100, "Port (0 picks a free one); 8100 stays clear of vLLM's (and a judge's) 8000.")
     records_dir: Path = option(Path("records"), "Directory for the per-rollout call records (ROLLOUT.jsonl).", flag="--records")
     admin_token: str | None = option(None, "Admin token (default: a random one, printed).", envvar="CLAWGYM_ADMIN_TOKEN")
@@ -36,13 +36,14 @@ class ProxyConfig:
     max_context: int | None = option(None, "Override the model's context window in tokens (e.g. the scripted engine serving "
                                            "huge harness prompts).")
     default_max_tokens: int = option(4096, "Tokens a call may sample when it names no limit.")
-    tool_parser: str = same_as(RolloutConfig, "tool_parser", help=f"Tool-call parser: {AUTO} (from the chat template) or one of "
+    tool_parser: str = option(AUTO, f"Tool-call parser: {AUTO} (from the chat template) or one of "
                                                                   f"{', '.join(PARSERS)} (docs/engines.md).")
-    chat_template: str | None = same_as(RolloutConfig, "chat_template", help=(
+    chat_template: str | None = option(None, (
         "A Jinja chat template, or a shipped one (chatml-tools, smollm2-tools), replacing the model's own: "
-        "for a model whose template does not render tools, tool calls and tool results."))
+        "for a model whose template does not render tools, tool calls and tool results."), metavar="FILE")
     audit_render: bool = option(False, "Also render every request fully and compare with the incremental result (tests, debugging).")
-    engine_options: dict[str, Any] = same_as(RolloutConfig, "engine_options", help="The engine's options (docs/engines.md).")
+    engine_options: dict[str, Any] = option(help="The engine's options (docs/engines.md).", factory=dict,
+                                            flag="--engine-option", form=KEY_VALUES)
     policy_version: int = option(0, "Policy version of --model, recorded on every call until a sync (a restarted pipeline "
                                     "serves step N's checkpoint as N; a resumed run starts past 0).", minimum=0)
 

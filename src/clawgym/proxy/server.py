@@ -36,16 +36,15 @@ from aiohttp import web
 from clawgym.artifacts import CallRecord
 from clawgym.engines.base import Chat, Engine, EngineConfig, EngineError, Generation, ReadsChat, Sampling
 from clawgym.engines.registry import make_engine
-from clawgym.proxy import anthropic, openai_chat, openai_responses
-from clawgym.proxy.admin import Metrics, secret_matches
+from clawgym.models.templates import check_tool_template, load_chat_template
+from clawgym.proxy import anthropic, openai_chat, openai_responses, toolparse
+from clawgym.proxy.admin import Metrics, add_admin_routes, secret_matches
 from clawgym.proxy.client import AdminClient
+from clawgym.proxy.config import ProxyConfig
 from clawgym.proxy.conversation import ConversationLog
 from clawgym.proxy.recorder import ROLLOUT_ID, Recorder, check_rollout_id
 from clawgym.proxy.render import Renderer, RolloutTito
-from clawgym.proxy import toolparse
-from clawgym.proxy.config import ProxyConfig
 from clawgym.proxy.types import MAX_TOKENS_HEADER, ChatRequest, ProtocolError, Turn, new_id
-from clawgym.templates import check_tool_template, load_chat_template
 
 log = logging.getLogger("clawgym.proxy")
 
@@ -130,8 +129,6 @@ class ProxyServer:
     # -- app -----------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        from clawgym.proxy.admin import add_admin_routes
-
         app = web.Application(client_max_size=self.config.max_body_bytes)
         r = app.router
 

@@ -38,6 +38,7 @@ from typing import Any, Callable, Protocol
 
 import orjson
 
+from clawgym.errors import UserError
 from clawgym.proxy.types import ToolCall
 
 
@@ -222,8 +223,6 @@ _FORMS = ("hermes", "json-list", "llama3-json")
 def check_name(name: str) -> str:
     """`name` if it is `auto` or a parser; else a UserError listing the choices."""
     if name != AUTO and name not in PARSERS:
-        from clawgym.errors import UserError
-
         raise UserError(f"unknown tool parser '{name}'; choose one of: {AUTO}, {', '.join(PARSERS)}")
     return name
 

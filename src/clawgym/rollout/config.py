@@ -16,7 +16,8 @@ from typing import Any
 
 from clawgym.engines.registry import ENGINES
 from clawgym.errors import UserError
-from clawgym.fields import COMMA_LIST, KEY_VALUES, CliForm, key_values, option
+from clawgym.fields import COMMA_LIST, CliForm, key_values, option, same_as
+from clawgym.proxy.config import ProxyConfig
 from clawgym.proxy.toolparse import AUTO, PARSERS
 
 HARNESS_NAMES = ("agentloop", "claude-code", "codex", "openclaw")
@@ -99,12 +100,12 @@ class RolloutConfig:
     n: int = option(1, "rollouts per task and harness (the GRPO group size)", minimum=1)
     concurrency: int = option(4, "rollouts running at once", minimum=1)
     model: Path | None = option(None, "start a proxy in this process serving this model (HF directory); else use a running proxy")
-    engine: str = option("hf", f"the in-process proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
-    engine_options: dict[str, Any] = option(help="the in-process proxy engine's options (docs/engines.md)", factory=dict,
-                                            flag="--engine-option", form=KEY_VALUES)
-    chat_template: str | None = option(None, "the in-process proxy's chat template: a Jinja file or a shipped one (chatml-tools, "
-                                             "smollm2-tools) replacing the model's own, for a model whose template does not render "
-                                             "tools, tool calls and tool results", metavar="FILE")
+    engine: str = same_as(ProxyConfig, "engine", help=f"the in-process proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
+    engine_options: dict[str, Any] = same_as(ProxyConfig, "engine_options", help="the in-process proxy engine's options "
+                                                                                  "(docs/engines.md)")
+    chat_template: str | None = same_as(ProxyConfig, "chat_template", help=(
+        "the in-process proxy's chat template: a Jinja file or a shipped one (chatml-tools, smollm2-tools) replacing the "
+        "model's own, for a model whose template does not render tools, tool calls and tool results"))
     proxy_url: str | None = option(None, "the URL of a running proxy to use instead of starting one", flag="--proxy")
     admin_token: str | None = option(None, "that proxy's admin token", envvar="CLAWGYM_ADMIN_TOKEN")
     records: Path | None = option(None, "the folder that proxy records into (it must be on this machine's filesystem)")
@@ -130,6 +131,6 @@ class RolloutConfig:
     ray: str | None = option(None, "run each rollout as a Ray task on this cluster: auto, local, HOST:PORT or ray://HOST:PORT "
                                    "(docs/scale.md)", metavar="ADDRESS")
     ray_num_cpus: float = option(1.0, "CPUs each rollout task asks Ray for")
-    proxy_host: str = option("127.0.0.1", "where the in-process proxy listens; 0.0.0.0 lets the nodes of a Ray cluster reach it")
-    tool_parser: str = option(AUTO, f"the in-process proxy's tool-call parser: {AUTO} (from the chat template), or one of "
+    proxy_host: str = same_as(ProxyConfig, "host", help="where the in-process proxy listens; 0.0.0.0 lets the nodes of a Ray cluster reach it")
+    tool_parser: str = same_as(ProxyConfig, "tool_parser", help=f"the in-process proxy's tool-call parser: {AUTO} (from the chat template), or one of "
                                     f"{', '.join(PARSERS)} (docs/engines.md)")

@@ -26,7 +26,9 @@ from typing import Any
 
 from clawgym.errors import UserError
 from clawgym.rollout.config import RolloutConfig
+from clawgym.rollout.harnesses import HARNESSES
 from clawgym.rollout.one import RolloutPlan, infra_error_row, run_one
+from clawgym.rollout.proxy_client import ProxyClient
 
 _lock = threading.Lock()
 _remote: Any = None
@@ -61,9 +63,6 @@ def connect(address: str) -> None:
 
 def _task(plan: RolloutPlan, proxy_url: str, admin_token: str, config: RolloutConfig) -> dict:
     """Runs on a Ray worker: one rollout, start to finish, against the central proxy."""
-    from clawgym.rollout.harnesses import HARNESSES
-    from clawgym.rollout.proxy_client import ProxyClient
-
     harness = HARNESSES[plan.harness](**config.harness_options.get(plan.harness, {}))
     proxy = ProxyClient(proxy_url, admin_token, Path("."))  # the worker never reads records
     return run_one(plan, harness, proxy, config, {})

@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Iterator
 
 from clawgym import artifacts as A
+from clawgym.console import STDERR
+from clawgym.engines.registry import check_engine
 from clawgym.errors import UserError
+from clawgym.models.templates import load_chat_template
 from clawgym.proxy.client import AdminClient, ProxyUnavailable
+from clawgym.proxy.config import ProxyConfig
+from clawgym.proxy.recorder import read_records
+from clawgym.proxy.toolparse import check_name
 
 __all__ = ["ProxyClient", "ProxyUnavailable", "SyncResult", "check_proxy_settings", "reachable_host", "start_local_proxy",
            "sync_weights"]
@@ -48,7 +54,6 @@ class ProxyClient(AdminClient):
         """The settled records of these rollouts; with `copy_to`, their raw JSONL is kept there too."""
         import shutil
 
-        from clawgym.proxy.recorder import read_records
 
         calls: list[A.CallRecord] = []
         for rid in rollout_ids:
@@ -104,10 +109,6 @@ def sync_weights(url: str, admin_token: str | None, checkpoint: Path, timeout: f
 def check_proxy_settings(config) -> None:
     """Refuse, in one line and before anything is written or started, what the proxy a rollout uses would
     refuse later: no proxy at all, an unknown engine or tool parser, a missing chat template or script."""
-    from clawgym.engines.registry import check_engine
-    from clawgym.proxy.toolparse import check_name
-    from clawgym.templates import load_chat_template
-
     if not config.model:
         if not config.proxy_url or not config.admin_token or not config.records:
             raise UserError("give --model DIR (a proxy in this process), or --proxy URL with --admin-token and --records DIR")
@@ -124,9 +125,7 @@ def check_proxy_settings(config) -> None:
 def start_local_proxy(config, records: Path) -> Iterator[ProxyClient]:
     """A proxy serving `config.model` on a free port of `config.proxy_host` for the length of the run,
     recording into `records` (a StepLayout's or RunLayout's records folder)."""
-    from clawgym.console import STDERR
-    from clawgym.proxy.config import ProxyConfig
-    from clawgym.proxy.server import ProxyThread
+    from clawgym.proxy.server import ProxyThread  # here: a run against a running proxy never loads the server (aiohttp)
 
     records = Path(records)
     pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, host=config.proxy_host, port=0,

@@ -34,14 +34,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from clawgym import artifacts as A
 from clawgym.console import STDERR
 from clawgym.errors import UserError, did_you_mean
-from clawgym.settings import fingerprints
 from clawgym.layout import StepLayout
 from clawgym.rollout.config import RolloutConfig
+from clawgym.rollout.distributed import RayRollouts
 from clawgym.rollout.harnesses import HARNESSES, Harness
 from clawgym.rollout.harnesses.base import call_roles
 from clawgym.rollout.one import RolloutPlan, run_one
 from clawgym.rollout.proxy_client import ProxyClient, start_local_proxy
 from clawgym.rollout.sandbox import Sandbox, announce, isolation
+from clawgym.settings import fingerprints
 from clawgym.tasks import Task, load_tasks
 
 
@@ -179,8 +180,6 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
         interrupted = threading.Event()
         remote = None
         if config.ray:
-            from clawgym.rollout.distributed import RayRollouts
-
             remote = RayRollouts(config, proxy.url, proxy.admin_token)
 
         def one(plan: RolloutPlan) -> dict:

@@ -25,8 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from clawgym.rollout.sandbox_base import (NETWORK_MODES, Limits, ProxyEndpoint, RunResult, Sandbox, SandboxConfig,
-                                          SandboxError, default_base_dir, seed_workspace)
+from clawgym.errors import UserError
+from clawgym.rollout.sandbox_base import (NETWORK_MODES, Limits, ProxyEndpoint, RunResult, Sandbox, SandboxConfig, SandboxError,
+                                          default_base_dir, seed_workspace)
+from clawgym.rollout.sandbox_docker import DockerSandbox, prepare_engine
+from clawgym.rollout.sandbox_local import LocalSandbox, namespace_problem, resolve_network
 
 __all__ = ["NETWORK_MODES", "Isolation", "Limits", "ProxyEndpoint", "RunResult", "Sandbox", "SandboxConfig", "SandboxError",
            "SandboxFactory", "SANDBOXES", "announce", "default_base_dir", "isolation", "open_sandbox", "seed_workspace"]
@@ -36,14 +39,10 @@ SandboxFactory = Callable[..., Sandbox]
 
 
 def _local(seed: Path | None, config: SandboxConfig, sandbox_id: str | None = None) -> Sandbox:
-    from clawgym.rollout.sandbox_local import LocalSandbox
-
     return LocalSandbox(seed, config, sandbox_id)
 
 
 def _docker(seed: Path | None, config: SandboxConfig, sandbox_id: str | None = None) -> Sandbox:
-    from clawgym.rollout.sandbox_docker import DockerSandbox
-
     return DockerSandbox(seed, config, sandbox_id)
 
 
@@ -54,8 +53,6 @@ def parse_kind(kind: str) -> tuple[str, str | None]:
     """`docker:IMAGE` -> ("docker", IMAGE); any other name -> (name, None); an unknown name is a UserError."""
     backend, colon, image = kind.partition(":")
     if backend not in SANDBOXES or (colon and (backend != "docker" or not image)):
-        from clawgym.errors import UserError
-
         raise UserError(f"unknown sandbox {kind!r}; choose one of: {', '.join(SANDBOXES)}, docker:IMAGE")
     return backend, image or None
 
@@ -103,18 +100,13 @@ def isolation(kind: str, network: str = "auto", workdir: str = "/workspace") -> 
     `local` insists on file isolation (bubblewrap): without it, agent commands would run as this
     user among this machine's files, and the sandbox's random host folder would appear in every
     prompt, so rollouts of one task would no longer share their first prompt."""
-    from clawgym.errors import UserError
-
     backend, image = parse_kind(kind)
     if backend == "docker":
-        from clawgym.rollout.sandbox_docker import prepare_engine
-
         image = image or SandboxConfig().image
         if (problem := prepare_engine(image)) is not None:
             raise UserError(f"--sandbox docker: {problem}")
         return Isolation("docker", "none", True, image, f"docker (image {image}): files (own container, workspace at "
                                                          f"{workdir}), network (the proxy only), processes, memory/CPU/pids limits")
-    from clawgym.rollout.sandbox_local import namespace_problem, resolve_network
 
     if network not in NETWORK_MODES:
         raise UserError(f"sandbox network mode {network!r}; allowed: {', '.join(NETWORK_MODES)}")

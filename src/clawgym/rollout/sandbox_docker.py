@@ -37,8 +37,9 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from clawgym.rollout.sandbox_base import (MARKER, RunResult, SandboxConfig, SandboxError, kill_marked, limit_args,
-                                          rmtree, seed_workspace)
+from clawgym.home import clawgym_home
+from clawgym.rollout.sandbox_base import (MARKER, RunResult, SandboxConfig, SandboxError, kill_marked, limit_args, rmtree,
+                                          seed_workspace)
 from clawgym.rollout.sandbox_net import BlackHole, BlockedAttempt, UnixBridge
 
 INSIDE = "/sandbox"
@@ -148,7 +149,6 @@ def runtime_mounts() -> list[tuple[str, str]]:
             if entry and Path(entry).is_dir():
                 add(Path(entry).resolve())
     add(PACKAGE_ROOT)
-    from clawgym.home import clawgym_home
 
     add((clawgym_home() / "harnesses").resolve())
     if (node := shutil.which("node")) is not None:

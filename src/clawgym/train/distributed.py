@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 
 from clawgym.errors import UserError
+from clawgym.train.config import TrainConfig
 
 TIMEOUT_S = float(os.environ.get("CLAWGYM_DIST_TIMEOUT_S", "600"))
 """seconds a collective waits for a rank that died or hangs before the step fails"""
@@ -192,8 +193,6 @@ def launch(cfg: Any, processes: int, accelerate_config: Path | None = None) -> N
 
 def read_spec(path: Path):
     """The TrainConfig `write_spec` wrote."""
-    from clawgym.train.config import TrainConfig
-
     raw = json.loads(Path(path).read_text())
     hints = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: Path(v) if v is not None and "Path" in hints[k] else v for k, v in raw.items()})

@@ -7,6 +7,7 @@ for the other adapters' imports (pyarrow among them) on every start.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
 from clawgym.rollout.harnesses.base import Endpoint, Harness, Launch, Outcome
@@ -15,13 +16,13 @@ if TYPE_CHECKING:
     HARNESSES: dict[str, Callable[..., Harness]]
 
 
-def _adapters() -> dict[str, Callable[..., Harness]]:
-    from clawgym.rollout.harnesses.agentloop import AgentLoop
-    from clawgym.rollout.harnesses.claude_code import ClaudeCode
-    from clawgym.rollout.harnesses.codex import Codex
-    from clawgym.rollout.harnesses.openclaw import OpenClaw
+# Name -> (module, class) of each adapter.
+ADAPTERS = {"agentloop": ("agentloop", "AgentLoop"), "claude-code": ("claude_code", "ClaudeCode"),
+            "codex": ("codex", "Codex"), "openclaw": ("openclaw", "OpenClaw")}
 
-    return {"agentloop": AgentLoop, "claude-code": ClaudeCode, "codex": Codex, "openclaw": OpenClaw}
+
+def _adapters() -> dict[str, Callable[..., Harness]]:
+    return {name: getattr(importlib.import_module(f"{__name__}.{module}"), cls) for name, (module, cls) in ADAPTERS.items()}
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from clawgym.errors import UserError
-from clawgym.templates import shipped_template
+from clawgym.models.templates import shipped_template
 
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]

@@ -25,28 +25,35 @@ from pathlib import Path
 
 from rich.console import Console
 
-from clawgym import artifacts as A
-from clawgym import console as C
-from clawgym import metrics as M
-from clawgym import peak_memory
-from clawgym.config import Recipe, load_recipe, recipe_to_toml
-from clawgym.recipe_checks import check_runnable
+from clawgym import artifacts as A, console as C, peak_memory
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout, StepLayout
+from clawgym.models.pretrained import PRETRAINED, init_pretrained
+from clawgym.models.tiny import init_model
+from clawgym.rollout.proxy_client import start_local_proxy
+from clawgym.rollout.runner import run_rollouts
+from clawgym.rollout.sandbox import announce, isolation
+from clawgym.run import metrics as M, progress as P
+from clawgym.run.checks import check_runnable
+from clawgym.run.coldstart import cold_start, write_table
+from clawgym.run.eval import evaluate
+from clawgym.run.plots import write_plots
+from clawgym.run.recipe import Recipe, load_recipe, recipe_to_toml
+from clawgym.run.replay import change_line, run_steps, start_policy
+from clawgym.run.sinks import close_sinks, open_sinks
+from clawgym.train.checkpoint import is_complete
+from clawgym.train.loop import train
+from clawgym.trees import resolve_config, run_build_trees
 
 
 def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
     if recipe.model.path is not None:
         return recipe.model.path
     if recipe.model.init is None:  # an [offline] recipe without [model]: where the replayed run started
-        from clawgym.offline import start_policy
 
         return start_policy(RunLayout(recipe.offline.from_run))
     path = run.model_init
     if not (path / "config.json").exists():
-        from clawgym.model import init_model
-        from clawgym.pretrained import PRETRAINED, init_pretrained
-
         if recipe.model.init in PRETRAINED:  # converted once per machine, then copied from the cache
             init_pretrained(path, recipe.model.init, force=True)
         else:
@@ -99,18 +106,14 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
     check_runnable(recipe)  # harness options, [train] values, extras, tasks: before any file is written
     isolated = None
     if recipe.offline.from_run is None:  # before anything is written: a sandbox that cannot isolate files is refused
-        from clawgym.rollout.sandbox import announce, isolation
 
         isolated = isolation(recipe.rollout.sandbox, recipe.rollout.network)
     run = _prepare(recipe, resume, force)
     if isolated is not None:
         announce(isolated, console)  # once the run is accepted, so a refused resume stays one line
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
-    # the step after the last trained one (with [run] keep_last, earlier checkpoints may be gone)
-    from clawgym.train.checkpoint import is_complete
 
     first = 1 + max((s for s in range(1, recipe.run.steps + 1) if is_complete(run.step(s).checkpoint)), default=0)
-    from clawgym.sinks import close_sinks, open_sinks
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,
                        first_step=min([first, *(s for s in range(1, first) if s not in reported)]),
@@ -125,23 +128,20 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
     try:
         policy = _initial_policy(recipe, run)
         if recipe.offline.from_run is not None and first <= recipe.run.steps:
-            from clawgym.offline import change_line, run_steps
-
             console.print(change_line(RunLayout(recipe.offline.from_run), run_steps(RunLayout(recipe.offline.from_run))[:recipe.run.steps],
                                       recipe.train, None if recipe.model.path is None and recipe.model.init is None else policy), highlight=False, soft_wrap=True)
         if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
-            from clawgym.coldstart import cold_start
 
             with console.status("SFT cold start: teacher rollouts, SFT, evaluations") if not verbose else contextlib.nullcontext():
                 policy = cold_start(recipe, run, policy, stages)
             if 0 not in reported:
                 line = A.MetricsLine(0, M.cold_start_values(run), time=time.time())
                 report(line)
-                console.print(C.cold_start_line(line.values), highlight=False, soft_wrap=True)
+                console.print(P.cold_start_line(line.values), highlight=False, soft_wrap=True)
         if first > 1:
             policy = run.step(first - 1).checkpoint
         with _proxy(recipe, run, policy, version=first - 1) as proxy, \
-                C.StepProgress(console, recipe.run.steps, done=first - 1) as progress:
+                P.StepProgress(console, recipe.run.steps, done=first - 1) as progress:
             for step in range(1, recipe.run.steps + 1):
                 values = _step(recipe, run, step, policy, proxy, stages, progress, trained=step < first,
                                report=step not in reported)
@@ -152,14 +152,11 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
                     progress.finished(step, values, None if step < first else values[M.STEP_SECONDS])
                     if recipe.run.keep_last:
                         prune_checkpoints(run, step, recipe.run.keep_last)
-                    from clawgym.plots import write_plots
 
                     write_plots(run.root)
     finally:
         close_sinks(sinks)
     if recipe.sft.n and recipe.eval.every:
-        from clawgym.coldstart import write_table
-
         write_table(run, console)
     return A.read_metrics(run.metrics)
 
@@ -179,7 +176,7 @@ def prune_checkpoints(run: RunLayout, step: int, keep_last: int) -> list[int]:
     return removed
 
 
-def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages: Console, progress: C.StepProgress,
+def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages: Console, progress: P.StepProgress,
           *, trained: bool, report: bool) -> dict[str, float] | None:
     """One step: the stages not yet done, then its metrics line's values (None: already reported)."""
     sdir = run.step(step)
@@ -230,16 +227,12 @@ def _collect(recipe: Recipe, sdir: StepLayout, step: int, proxy, stages: Console
     if recipe.offline.from_run is not None:
         _copy_offline(RunLayout(recipe.offline.from_run).step(step), sdir)
     elif not sdir.rollouts.exists():
-        from clawgym.rollout.runner import run_rollouts
-
         # a step none of whose rollouts could be scored stops the run naming why, not a later stage's "no trainable tokens"
         run_rollouts(recipe.rollout_config(sdir.path, step, policy_version=step - 1), stages, proxy=proxy).check_scored()
 
 
 def _reconstruct(recipe: Recipe, sdir: StepLayout, stages: Console) -> None:
     if not sdir.trees.exists():
-        from clawgym.trees import resolve_config, run_build_trees
-
         cfg = resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, sdir.step)
         run_build_trees(cfg, stages)
 
@@ -248,15 +241,12 @@ def _proxy(recipe: Recipe, run: RunLayout, policy: Path, version: int):
     """One proxy for the whole run, serving `policy`; none for offline retraining."""
     if recipe.offline.from_run is not None:
         return contextlib.nullcontext(None)
-    from clawgym.rollout.proxy_client import start_local_proxy
 
     return start_local_proxy(recipe.rollout_config(run.root, 0, version, model=policy), run.records)  # copied into each step's records/
 
 
 def _train_step(recipe: Recipe, policy: Path, step: int, stages: Console) -> dict[str, float]:
     """Train step `step` (a complete checkpoint is kept as it is); its train/ metrics, as train() reduces them."""
-    from clawgym.train.loop import train
-
     # A batch with nothing to learn (every group flat) still writes the unchanged policy, so the
     # loop goes on; a batch with no trainable token at all (every rollout failed) stops the run.
     return train(recipe.train_config(step, policy), stages).metrics
@@ -273,8 +263,6 @@ def _copy_offline(src: StepLayout, sdir: StepLayout) -> None:
 
 
 def _evaluate(recipe: Recipe, run: RunLayout, step: int, proxy, console: Console) -> dict[str, float]:
-    from clawgym.eval import evaluate
-
     report = evaluate(recipe.eval_config(run.eval(step).path, step, f"e{step:04d}."), console, proxy=proxy)
     report.print(console)
     return M.eval_values(report.metrics())

@@ -24,17 +24,18 @@ from pathlib import Path
 import orjson
 from rich.console import Console
 
-from clawgym import artifacts as A
-from clawgym import metrics as M
-from clawgym import peak_memory
-from clawgym.config import Recipe
-from clawgym.eval import pass_table
+from clawgym import artifacts as A, peak_memory
 from clawgym.layout import RunLayout
+from clawgym.rollout.runner import run_rollouts
+from clawgym.run import metrics as M
+from clawgym.run.eval import evaluate, pass_table
+from clawgym.run.recipe import Recipe
+from clawgym.train.checkpoint import is_complete
+from clawgym.train.loop import train
+from clawgym.trees import resolve_config, run_build_trees
 
 
 def _eval(recipe: Recipe, run: RunLayout, label: str, policy: Path, console: Console) -> None:
-    from clawgym.eval import evaluate
-
     out = run.eval(label)
     if out.eval_json.exists():
         return
@@ -53,19 +54,13 @@ def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console) -
         with _timed(run, base_eval, not run.eval("base").eval_json.exists()):
             _eval(recipe, run, "base", policy, console)
     if not sdir.rollouts.exists():
-        from clawgym.rollout.runner import run_rollouts
-
         console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
         with _timed(run, teach):
             run_rollouts(recipe.sft_rollout_config(policy), console).check_scored()
-    from clawgym.train.checkpoint import is_complete
-    from clawgym.train.loop import train
 
     cfg = recipe.sft_train_config(policy)
     with _timed(run, optimize, not is_complete(cfg.out)):
         if not sdir.trees.exists():
-            from clawgym.trees import resolve_config, run_build_trees
-
             run_build_trees(resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, 0), console)
         train(cfg, console)  # (with resume=True a complete checkpoint is kept as it is)
     if evals:

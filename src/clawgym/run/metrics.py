@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from clawgym import artifacts as A
 from clawgym.train.step_metrics import reduce_updates
 
 if TYPE_CHECKING:
@@ -161,8 +162,6 @@ def reward_mean(rollouts: Sequence[RolloutRecord]) -> float:
 
 def rollout_values(sdir: StepLayout) -> dict[str, float]:
     """The rollout/ numbers of a step, from its rollouts.parquet and calls.parquet."""
-    from clawgym import artifacts as A
-
     rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)
     scored = [r.reward for r in rollouts if r.reward is not None]
     lengths = _response_lengths(sdir, [r.rollout_id for r in rollouts])
@@ -219,16 +218,12 @@ def engine_values(before: Mapping[str, float], after: Mapping[str, float]) -> di
 
 def trees_values(sdir: StepLayout) -> dict[str, float]:
     """The trees/ numbers of a step: the line build-trees wrote."""
-    from clawgym import artifacts as A
-
     return dict(A.read_metrics(sdir.trees_metrics)[-1].values) if sdir.trees_metrics.exists() else {}
 
 
 def train_values(sdir: StepLayout) -> dict[str, float]:
     """The train/ numbers of a trained step: its train.jsonl lines reduced by the table `train()` uses
     (train/step_metrics.py), the figures `train()` returns for a step it finds already complete."""
-    from clawgym import artifacts as A
-
     return reduce_updates(A.read_jsonl(sdir.train_metrics).records) if sdir.train_metrics.exists() else {}
 
 
@@ -265,7 +260,6 @@ def cold_start_values(run: RunLayout) -> dict[str, float]:
     seconds of each stage (`COLD_START_PHASES`)."""
     import orjson
 
-    from clawgym import artifacts as A
 
     sdir = run.sft
     rollouts = A.read_table(sdir.rollouts, A.RolloutRecord)

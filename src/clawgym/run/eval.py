@@ -23,9 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from clawgym import artifacts as A
-from clawgym import metrics as M
 from clawgym.console import STDERR
 from clawgym.layout import StepLayout
+from clawgym.rollout.runner import run_rollouts
+from clawgym.run import metrics as M
 
 
 @dataclass
@@ -128,8 +129,6 @@ def report_from_rollouts(rollouts: list[A.RolloutRecord]) -> EvalReport:
 
 def evaluate(config, console: Console | None = None, proxy=None) -> EvalReport:
     """Run the rollouts of `config` (a RolloutConfig) and write eval.md / eval.json beside them."""
-    from clawgym.rollout.runner import run_rollouts
-
     console = console or STDERR
     summary = run_rollouts(config, console, proxy=proxy)
     report = report_from_rollouts(summary.rollouts)

@@ -22,11 +22,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from clawgym import artifacts as A
-from clawgym import console as C
-from clawgym import metrics as M
 from clawgym.errors import UserError
 from clawgym.layout import RunLayout
-from clawgym.templates import tool_use_problems
+from clawgym.models.templates import tool_use_problems
+from clawgym.run import metrics as M, progress as P
+from clawgym.trees import draw_tree
 
 
 def inspect_path(path: Path, console: Console, *, rollout: Optional[str] = None, tokenizer: Optional[Path] = None) -> None:
@@ -163,8 +163,6 @@ def summarize_trees(table, console: Console) -> None:
 
 
 def _draw_tree(table, rollout: str, console: Console, tokenizer: Optional[Path], path: Path) -> None:
-    from clawgym.trees import draw_tree
-
     sub = table.filter(pc.equal(table.column("rollout_id"), rollout))
     if sub.num_rows == 0:
         known = sorted(set(table.column("rollout_id").to_pylist()))[:5]
@@ -332,7 +330,7 @@ def inspect_run(path: Path, console: Console) -> None:
     console.print(t)
     zero = next((m.values for m in lines if m.step == 0 and M.TEACHER_N in m.values), None)
     if zero is not None:  # an [sft] cold start: its line, with each stage's seconds where the run recorded them
-        console.print(C.cold_start_line(zero), highlight=False, soft_wrap=True)
+        console.print(P.cold_start_line(zero), highlight=False, soft_wrap=True)
     if run.table_md.exists():  # held-out Pass@1 by category: base, SFT, SFT+RL (coldstart.write_table)
         console.print(run.table_md.read_text().rstrip(), highlight=False, soft_wrap=True)
     plots = sorted(run.plots.glob("*.png")) if run.plots.is_dir() else []

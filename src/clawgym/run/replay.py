@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawgym.artifacts import read_jsonl
 from clawgym.errors import UserError
 from clawgym.fields import key_values
 from clawgym.layout import RunLayout, StepLayout
 from clawgym.train.config import PER_CALL, TrainConfig
+from clawgym.train.step_metrics import reduce_updates
 
 FILLED = PER_CALL
 """TrainConfig fields a replay fills per step (where the batch is, where to write): never recorded settings."""
@@ -156,7 +158,7 @@ def replay(run_dir: Path, out: Path, overrides: dict[str, Any], *, model: Path |
     """Train every saved step of `run_dir` again into `out` (OUT/checkpoints/step-NNNN, OUT/step-NNNN/train.jsonl).
 
     Rerunning resumes: a complete checkpoint is kept, an interrupted one continues (train --resume)."""
-    from clawgym.train.loop import train
+    from clawgym.train.loop import train  # here: loading a recipe reads train_kwargs from this module, and must not load torch
 
     run, dest = RunLayout(run_dir), RunLayout(out)
     if Path(out).resolve() == Path(run_dir).resolve():
@@ -191,8 +193,6 @@ FIGURES = (("loss", "train/loss"), ("entropy", "train/entropy"), ("|Δlogp|", "t
 
 def _updates(sdir: StepLayout) -> list[dict]:
     """A step's optimizer updates from its train.jsonl (a step that had nothing to learn has none)."""
-    from clawgym.artifacts import read_jsonl
-
     if not sdir.train_metrics.exists():
         return []
     return [r for r in read_jsonl(sdir.train_metrics).records if "train/loss" in r]
@@ -209,8 +209,6 @@ def comparison(run_dir: Path, other_dir: Path, labels: tuple[str, str] = ("run",
     Per update when every step made as many updates in both (the same epochs × minibatches), so
     each row is one optimizer step of each; else per step, each figure the mean over the step's
     updates (the reduction of train/step_metrics.py). The header says which."""
-    from clawgym.train.step_metrics import reduce_updates
-
     a, b = RunLayout(run_dir), RunLayout(other_dir)
     steps = [s.step for s in b.steps() if s.train_metrics.exists() or s.checkpoint.exists()]
     if not steps:

@@ -6,8 +6,10 @@ writing a recipe stays light."""
 
 from __future__ import annotations
 
-from clawgym.config import Recipe
 from clawgym.errors import UserError, did_you_mean
+from clawgym.rollout.harnesses import HARNESSES
+from clawgym.run.recipe import Recipe
+from clawgym.tasks.spec import find_task_dirs
 from clawgym.train.config import AGGREGATIONS, ALGOS, ATTENTIONS, PRECISIONS, TIS_MODES
 
 
@@ -22,8 +24,6 @@ def check_runnable(r: Recipe) -> None:
 
 def _tasks(r: Recipe) -> None:
     """The task folders hold tasks (load_recipe checks only that the folders exist)."""
-    from clawgym.tasks.spec import find_task_dirs
-
     named = [("rollout", r.rollout.tasks if r.offline.from_run is None else None), ("eval", r.eval.tasks), ("sft", r.sft.tasks)]
     for section, tasks in named:
         if tasks is not None:
@@ -38,7 +38,6 @@ def _harness_options(r: Recipe, where: str) -> None:
     at load with its section named, not at the first rollout."""
     import inspect
 
-    from clawgym.rollout.harnesses import HARNESSES
 
     for name, options in r.rollout.harness_options.items():
         known = [p for p in inspect.signature(HARNESSES[name]).parameters if p not in ("self", "args", "kwargs")]

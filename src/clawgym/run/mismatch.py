@@ -31,6 +31,7 @@ from typing import Sequence
 from clawgym.artifacts import CallRecord, materialize_prompts, read_table
 from clawgym.engines.base import load_policy  # noqa: F401 (the trainer's view, re-exported)
 from clawgym.errors import UserError
+from clawgym.train.losses import k3_kl
 
 LOW, HIGH = 0.5, 2.0
 
@@ -56,7 +57,6 @@ def token_stats(engine_lp: Sequence[float], trainer_lp: Sequence[float]) -> tupl
     """(mean |Δ|, max |Δ|, mean k3, fraction outside [0.5, 2]) over aligned per-token logprobs."""
     import torch
 
-    from clawgym.train.losses import k3_kl
 
     if len(engine_lp) != len(trainer_lp):
         raise ValueError(f"{len(engine_lp)} engine logprobs vs {len(trainer_lp)} trainer logprobs")

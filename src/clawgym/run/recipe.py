@@ -35,16 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawgym.engines.registry import ENGINES
+from clawgym.engines.registry import ENGINES, check_engine
 from clawgym.errors import UserError, did_you_mean
 from clawgym.fields import default_of, field_of, option, reference, same_as
 from clawgym.layout import RunLayout
-from clawgym.offline import train_kwargs
+from clawgym.models.pretrained import PRETRAINED
+from clawgym.models.templates import SHIPPED, load_chat_template
+from clawgym.models.tiny import SIZES
 from clawgym.proxy.config import SERVE_SKIP, ProxyConfig
+from clawgym.proxy.toolparse import check_name
 from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
-from clawgym.model import SIZES
-from clawgym.pretrained import PRETRAINED
-from clawgym.templates import SHIPPED, load_chat_template
+from clawgym.run.replay import train_kwargs
+from clawgym.run.sinks import check_wandb_options
+from clawgym.tasks.writer import dump_toml
 from clawgym.train.config import PER_CALL, TrainConfig
 from clawgym.trees import DEFAULT_MAX_LEAVES
 
@@ -414,8 +417,6 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str] | tuple[str, ...])
 
 def _engine_section(table: dict, where: str) -> EngineSection:
     """[engine]: name, tool_parser and chat_template are the proxy's; every other key is an engine option."""
-    from clawgym.proxy.toolparse import check_name
-
     known = [f.name for f in dataclasses.fields(EngineSection) if f.name != "options"]
     for key in known:
         if key in table and not isinstance(table[key], str):
@@ -452,7 +453,6 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
         load_chat_template(r.engine.chat_template, f"{where} [engine] key 'chat_template':")  # a missing or unreadable file fails before any work
     if r.model.path is not None and not (r.model.path / "config.json").exists():
         raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
-    from clawgym.engines.registry import check_engine
 
     try:
         check_engine(r.engine.name, {})  # the name here; its options when the proxy starts the engine
@@ -470,7 +470,6 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     elif not r.offline.from_run.is_dir():
         raise UserError(f"{where} [offline] key 'from_run': {r.offline.from_run} is not a run directory")
     _validate_sft(r, where)
-    from clawgym.sinks import check_wandb_options
 
     check_wandb_options(r.log.wandb, f"{where} [log]")
     for h in r.rollout.harnesses + r.eval.harnesses + r.sft.harnesses:
@@ -481,8 +480,6 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
 
 
 def _validate_sft(r: Recipe, where: str) -> None:
-    from clawgym.engines.registry import check_engine
-
     s = r.sft
     if s.n < 0:
         raise UserError(f"{where} [sft] key 'n' must be at least 0, got {s.n}")
@@ -502,8 +499,6 @@ def _validate_sft(r: Recipe, where: str) -> None:
 
 def recipe_to_toml(r: Recipe) -> str:
     """The resolved recipe as TOML (defaults filled, paths absolute), saved in the run directory."""
-    from clawgym.tasks.writer import dump_toml
-
     def plain(d: dict) -> dict:  # paths as strings; unset keys left out
         return {k: str(v) if isinstance(v, Path) else v for k, v in d.items() if v is not None}
 
@@ -559,7 +554,7 @@ def reference_markdown() -> str:
 
 
 
-GENERATED_MARK = "<!-- generated below: clawgym.config.reference_markdown() -->\n\n"
+GENERATED_MARK = "<!-- generated below: clawgym.run.recipe.reference_markdown() -->\n\n"
 
 
 def write_reference(path: Path) -> None:
@@ -568,7 +563,7 @@ def write_reference(path: Path) -> None:
     path.write_text(head + GENERATED_MARK + reference_markdown(), encoding="utf-8")
 
 
-if __name__ == "__main__":  # python -m clawgym.config docs/config.md: after adding or changing a field
+if __name__ == "__main__":  # python -m clawgym.run.recipe docs/config.md: after adding or changing a field
     import sys
 
     write_reference(Path(sys.argv[1]))

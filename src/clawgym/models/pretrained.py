@@ -32,7 +32,8 @@ from typing import Protocol
 
 from clawgym.errors import UserError
 from clawgym.home import clawgym_home
-from clawgym.model import check_target, publish_target, temp_target
+from clawgym.models.templates import shipped_template
+from clawgym.models.tiny import check_target, init_model, publish_target, temp_target
 
 PIP_TIMEOUT_S = 900.0
 
@@ -163,7 +164,6 @@ def convert(source: PretrainedSource, out: Path, name: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
     from transformers.utils import logging as hf_logging
 
-    from clawgym.templates import shipped_template
 
     hf_logging.disable_progress_bar()  # the CLI shows its own status line
     with tempfile.TemporaryDirectory(prefix="clawgym-fetch-", dir=out.parent) as work:
@@ -197,8 +197,6 @@ def model_by_name(name: str | None, scratch: Path) -> Path:
     """A model folder for a bench or script: the tiny init-model for None, an existing folder as it is,
     else the pretrained model of that name (`init_pretrained`) made under `scratch`."""
     if name is None:
-        from clawgym.model import init_model
-
         init_model(scratch / "tiny", seed=0, size="tiny")
         return scratch / "tiny"
     if Path(name).exists():

@@ -29,10 +29,11 @@ from pathlib import Path
 import orjson
 from rich.console import Console
 
-from clawgym import artifacts as A
-from clawgym import peak_memory
+from clawgym import artifacts as A, peak_memory
 from clawgym.errors import UserError
-from clawgym.eval import report_from_rollouts
+from clawgym.rollout.runner import run_rollouts
+from clawgym.run.eval import report_from_rollouts
+from clawgym.settings import rollout_rerun
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 """a policy's name: also its folder under OUT"""
@@ -94,9 +95,6 @@ def compare(policies: dict[str, Path], config, out: Path, console: Console, *, f
 
     A policy's folder is rerun as `clawgym eval` reruns one (`settings.rollout_rerun`): the same settings
     resume, other ones (another checkpoint under the same name, another --n) are refused unless `force`."""
-    from clawgym.rollout.runner import run_rollouts
-    from clawgym.settings import rollout_rerun
-
     out = Path(out)
     configs = {name: replace(config, model=model, out=out / name) for name, model in policies.items()}
     for cfg in configs.values():  # every policy's folder checked before any rollout runs

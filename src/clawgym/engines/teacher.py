@@ -32,9 +32,9 @@ from typing import Any
 from clawgym.engines.base import Chat, EngineConfig, EngineError, Generation, Sampling, context_window
 from clawgym.engines.scripted import text_generation
 from clawgym.errors import UserError
+from clawgym.models.templates import assistant_completion, load_chat_template
 from clawgym.tasks.families import FAMILIES, get_family
 from clawgym.tasks.generated import Reply, ToolCall
-from clawgym.templates import assistant_completion, load_chat_template
 
 
 @dataclass(frozen=True)
