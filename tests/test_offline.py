@@ -193,7 +193,7 @@ def test_overrides_are_typed_and_checked() -> None:
         parse_overrides(["learning_rate=0.1"])
     with pytest.raises(UserError, match="unknown train setting 'out'"):
         parse_overrides(["out=/tmp/x"])
-    with pytest.raises(UserError, match="train setting 'minibatches' must be int, got 'two'"):
+    with pytest.raises(UserError, match="train setting 'minibatches' must be int, got str 'two'"):
         parse_overrides(["minibatches=two"])
     with pytest.raises(UserError, match="expects KEY=VALUE"):
         parse_overrides(["lr"])
@@ -254,8 +254,8 @@ def test_the_replay_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     assert cli(str(tmp_path / "empty"), "lr=0.1") == (1, f"error: {tmp_path / 'empty'}: no step-0001/trees.parquet to retrain on "
                                                         "(not a finished run?)")
-    assert cli(str(tmp_path / "empty"), "lr=fast") == (1, "error: train setting 'lr' must be float, got 'fast'")
-    assert cli(str(tmp_path / "empty"), "epochs=x") == (1, "error: train setting 'epochs' must be int, got 'x'")
+    assert cli(str(tmp_path / "empty"), "lr=fast") == (1, "error: train setting 'lr' must be float, got str 'fast'")
+    assert cli(str(tmp_path / "empty"), "epochs=x") == (1, "error: train setting 'epochs' must be int, got str 'x'")
     rc, err = cli()
     assert rc == 2 and "Missing argument 'RUN'" in err
     fake_step(RunLayout(tmp_path / "gone"), 1, {"algo": "grpo", "lr": 0.1, "model": str(tmp_path / "missing")}, [])

@@ -2,7 +2,7 @@
 
 A stage config (TrainConfig, RolloutConfig, the recipe sections) declares each field with
 `option(default, "what it means")`; the help lives in the field's metadata, where
-`cli_parameters` turns it into the command's Typer options, config.py reads the names and types
+`cli_parameters` turns it into the command's Typer options, run/recipe.py reads the names and types
 of the recipe keys, and `reference` writes the field tables of docs/config.md. So a field added to
 a config appears in all three at once, with one default and one help text.
 
@@ -10,7 +10,10 @@ The metadata may also say how the field is written on the command line when that
 name and type: `flag` (`--timeout` for `timeout_s`), `envvar`, `metavar`, and a `CliForm` for a
 list or dict field (`COMMA_LIST`: `--harness a,b` for `harnesses`; `KEY_VALUES`: a repeatable
 `--engine-option KEY=VALUE` for `engine_options`), and `minimum`. `parse_cli` turns the command's
-values back into the fields' values. A recipe section's key that is a stage config's field is
+values back into the fields' values. `typed` checks a value read from a file (TOML, JSON) against
+its field's annotation and `from_text` reads one written as text (`train.lr=0.1`): the one place
+strings and file values become typed field values, for recipes, their overrides, replay settings
+and the specs the distributed trainer reads. A recipe section's key that is a stage config's field is
 declared `same_as(StageConfig, "name")`: one help and one default, the stage config's (or the
 section's own where it differs on purpose).
 
@@ -22,10 +25,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import tomllib
 import types
 import typing
 from dataclasses import MISSING, Field, dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, Callable, Optional
 
 from clawgym.errors import UserError
@@ -177,6 +181,52 @@ def parse_cli(cls: type, values: dict[str, Any]) -> dict[str, Any]:
         if form is not None and out.get(f.name) is not None:
             out[f.name] = form.parse(out[f.name], flag_of(f))
     return out
+
+
+def _optional_of(annotation: Any) -> tuple[Any, bool]:
+    """(the type inside `X | None`, whether None is allowed); other annotations as they are."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        return next(a for a in args if a is not type(None)), type(None) in args
+    return annotation, False
+
+
+def typed(value: Any, annotation: Any, where: str) -> Any:
+    """`value` (from TOML, JSON or `from_text`) as a field of type `annotation`: a path string becomes
+    a Path, an integer a float where the field is a float; a value of another type is a UserError
+    saying `where` (e.g. "recipe.toml [train] key 'lr'") must be of the field's type."""
+    kind, nullable = _optional_of(annotation)
+    if value is None and nullable:
+        return None
+    if kind is Path:
+        if not isinstance(value, (str, PurePath)):
+            raise UserError(f"{where} must be a path string, got {type(value).__name__}")
+        return Path(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is Any:
+        return value
+    expected = typing.get_origin(kind) or kind
+    if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+        raise UserError(f"{where} must be {getattr(expected, '__name__', expected)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def from_text(text: str, annotation: Any) -> Any:
+    """A value written as text (a command line's KEY=VALUE) read by its field's type: a string as
+    written, a path resolved from the working directory, a list as TOML or comma-separated, anything
+    else as a TOML value; text that is no TOML value stays a string (then `typed` names the key)."""
+    kind, _ = _optional_of(annotation)
+    if kind is str:
+        return text
+    if kind is Path:
+        return str(Path(text).resolve())
+    if typing.get_origin(kind) is list and not text.lstrip().startswith("["):
+        return split_list(text)
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def field_of(cls: type, name: str) -> Field:

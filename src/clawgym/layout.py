@@ -91,7 +91,7 @@ class StepLayout:
         """one line per optimizer update"""
         return self.path / "train.jsonl"
 
-    # eval (eval.py)
+    # eval (run/eval.py)
     @property
     def eval_md(self) -> Path:
         return self.path / "eval.md"
@@ -181,7 +181,7 @@ class RunLayout:
     @property
     def cold_start_seconds(self) -> Path:
         """RUN/sft/seconds.json: the wall seconds and peak resident memory of each cold-start stage that
-        ran (coldstart.py), by metrics key; a resumed cold start adds the stages it ran to those already there."""
+        ran (run/coldstart.py), by metrics key; a resumed cold start adds the stages it ran to those already there."""
         return self.root / "sft" / "seconds.json"
 
     def eval(self, label: int | str) -> StepLayout:

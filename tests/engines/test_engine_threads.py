@@ -60,7 +60,7 @@ def test_decode_steps_are_timed_per_batch_size_bucket():
 def test_a_growing_cache_layer_appends_in_place_and_survives_outside_replacement():
     from transformers.cache_utils import DynamicCache
 
-    from clawgym.engines.hf import growing, joinable
+    from clawgym.engines.hf_cache import growing, joinable
 
     k0, v0 = torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4)
     cache = growing(DynamicCache(ddp_cache_data=[(k0, v0)]))

@@ -224,10 +224,10 @@ def test_hf_reload_bumps_version_and_changes_weights(tiny_model, tmp_path):
 def test_hf_admits_long_prompts_alone():
     from collections import deque
 
-    from clawgym.engines.hf import _Job, admissible
+    from clawgym.engines.hf_batching import Job, admissible
 
     def jobs(*lengths):
-        return deque(_Job([1] * n, Sampling(max_tokens=1), None, None) for n in lengths)
+        return deque(Job([1] * n, Sampling(max_tokens=1), None, None) for n in lengths)
 
     lens = lambda taken: [len(j.prompt_ids) for j in taken]  # noqa: E731
     waiting = jobs(40_000, 100, 120, 30_000, 90)

@@ -116,7 +116,7 @@ def test_rows_with_different_cached_lengths_share_one_batch(tiny_model, cold):
 
 
 def test_prefill_groups_keep_long_suffixes_apart():
-    from clawgym.engines.hf import prefill_groups
+    from clawgym.engines.hf_batching import prefill_groups
     from clawgym.engines.prefix_cache import PrefixHit
 
     class J:

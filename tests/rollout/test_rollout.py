@@ -110,7 +110,7 @@ def test_a_proxy_on_every_interface_is_advertised_at_a_reachable_address() -> No
 
 def test_connecting_to_a_proxy_checks_its_url_and_token_before_any_rollout(tmp_path: Path, tiny_model: Path) -> None:
     """--proxy URL: a wrong admin token fails at connect, not in the middle of the rollouts."""
-    from clawgym.proxy.server import ProxyConfig, ProxyThread
+    from clawgym.proxy import ProxyConfig, ProxyThread
     from clawgym.rollout.proxy_client import ProxyClient, ProxyUnavailable
 
     pc = ProxyConfig(model_dir=tiny_model, engine="scripted", port=0, records_dir=tmp_path / "records")

@@ -9,13 +9,12 @@ to the running batch's. Each row keeps its own temperature, top-p, top-k, seed, 
 budget and position ids, and answers as soon as it finishes, so a request that arrives while a
 long generation runs waits for one decode step, not for the whole batch.
 
-Joining caches: every row's tokens sit right-aligned in the cache (left padding, masked out), so
-two batches join by left-padding the narrower one's keys and values and concatenating rows; a
-finished row is dropped, and the leading columns that only padding uses go with it. Only plain
-full-attention caches (transformers' `DynamicLayer`) can be joined this way. Any other cache
-(sliding windows, state-space layers) keeps the batch as it started: new requests wait until it
-ends. Padding changes no row's result beyond float rounding (tests/engines/test_engines.py checks a late
-request against the same request run alone).
+Joining caches (`hf_cache.py`): rows sit right-aligned in one KV cache, so batches join and
+finished rows are cut without recomputing anything, for plain full-attention caches; any other
+cache (sliding windows, state-space layers) keeps the batch as it started, and new requests wait
+until it ends. The batch's rows, admission and per-row sampling are in `hf_batching.py`. Padding
+changes no row's result beyond float rounding (tests/engines/test_engines.py checks a late request
+against the same request run alone).
 
 Prefix cache (`prefix_cache.py`): before a prefill, each request looks up the longest run of
 cached blocks at the start of its prompt (keyed by token ids, shared by every rollout) and computes
@@ -46,223 +45,20 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window, load_policy
 from clawgym.engines import shared_attention
+from clawgym.engines.base import EngineConfig, EngineError, Generation, Sampling, context_window, load_policy
+from clawgym.engines.hf_batching import (Batch, Job, Reload, Row, admissible, join_batches, prefill_groups, resolve,
+                                         row_generator, sample_token, select_rows)
+from clawgym.engines.hf_cache import cache_of, capacity, growing, joinable, plain_attention
 from clawgym.engines.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit, default_budget
 from clawgym.engines.threads import ThreadTuner, decode_kind
 from clawgym.engines.weight_layout import WEIGHT_LAYOUTS, pack_linears
 from clawgym.errors import UserError
 
 log = logging.getLogger("clawgym.engines.hf")
-
-
-@dataclass
-class _Job:
-    prompt_ids: list[int]
-    sampling: Sampling
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-
-
-@dataclass
-class _Reload:
-    path: Path | None
-    """None: drop the prefix cache only (`drop_cache`)"""
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-
-
-@dataclass
-class _Row:
-    """One request in the running batch."""
-
-    job: _Job
-    generator: Any
-    stops: set[int]
-    pos: int
-    """position id of the row's last token in the cache"""
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str = ""
-
-
-@dataclass
-class _Batch:
-    """The running batch: rows, their joint KV cache, its attention mask [B, width] and the next logits [B, V]."""
-
-    rows: list[_Row]
-    cache: Any
-    mask: Any
-    logits: Any
-    shared: int | None = None
-    """leading prompt tokens every row agrees on (None: not counted since the rows last changed)"""
-
-    @property
-    def width(self) -> int:
-        return int(self.mask.shape[1])
-
-
-def _cache_of(out: Any) -> Any:
-    return out["cache"] if "cache" in out else out.past_key_values
-
-
-def _resolve(job: Any, result: Any = None, error: BaseException | None = None) -> None:
-    def set_() -> None:
-        if job.future.done():
-            return
-        if error is not None:
-            job.future.set_exception(error)
-        else:
-            job.future.set_result(result)
-
-    job.loop.call_soon_threadsafe(set_)
-
-
-def _left_pad(t: Any, width: int, dim: int) -> Any:
-    """`t` with zeros prepended along `dim` up to `width` (masked-out padding)."""
-    import torch
-
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-def admissible(waiting: deque, rows: int, width: int, max_batch: int, max_batch_tokens: int) -> list[_Job]:
-    """Pop the jobs at the head of `waiting` that join a batch of `rows` rows and cache `width`.
-
-    First come, first served: admission stops at a reload, a shutdown marker or the first job that
-    would push rows x width past `max_batch_tokens`; an empty batch always takes its first job.
-    """
-    taken: list[_Job] = []
-    while waiting and isinstance(waiting[0], _Job) and rows + len(taken) < max_batch:
-        n = rows + len(taken) + 1
-        w = max(width, len(waiting[0].prompt_ids))
-        if n > 1 and n * w > max_batch_tokens:
-            break
-        width = w
-        taken.append(waiting.popleft())
-    return taken
-
-
-def prefill_groups(items: list, slack: int = 32) -> list[list]:
-    """Split (job, hit) pairs into prefill groups: a joint prefill forwards every row's longest
-    suffix, so a row joins a group only while that costs at most 25% more than the rows' own
-    suffixes (plus `slack` tokens a row, about what one more forward's fixed cost buys on a CPU);
-    longest suffixes first."""
-    def suffix(it) -> int:
-        return len(it[0].prompt_ids) - it[1].tokens
-
-    groups: list[list] = []
-    for it in sorted(items, key=suffix, reverse=True):
-        g = groups[-1] if groups else None
-        if g is not None and suffix(g[0]) * (len(g) + 1) <= 1.25 * (sum(map(suffix, g)) + suffix(it)) + slack * (len(g) + 1):
-            g.append(it)
-        else:
-            groups.append([it])
-    return groups
-
-
-def _growing_layer_class():
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """A full-attention layer whose keys/values are views of buffers with room to grow: a decode step
-        writes its one new column instead of copying the whole cache (`torch.cat` in DynamicLayer.update
-        reads and writes every cached key and value on every step). A join or a cut of rows hands the layer
-        new buffers (`into_buffers`); keys or values replaced any other way are copied into new buffers on
-        the next update."""
-
-        def adopt(self, kb, vb, n: int) -> None:
-            """Take buffers [B, heads, capacity, head_dim] whose first `n` columns hold the keys/values."""
-            self._kbuf, self._vbuf = kb, vb
-            self.keys, self.values = kb[:, :, :n], vb[:, :, :n]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            n, add = self.keys.shape[-2], key_states.shape[-2]
-            kb, vb = getattr(self, "_kbuf", None), getattr(self, "_vbuf", None)
-            if not (kb is not None and kb.shape[0] == self.keys.shape[0] and kb.shape[-2] >= n + add
-                    and self.keys.data_ptr() == kb.data_ptr() and self.values.data_ptr() == vb.data_ptr()
-                    and self.keys.stride() == kb.stride() and self.values.stride() == vb.stride()):
-                b, h, _, d = self.keys.shape
-                cap = capacity(n + add)
-                kb, vb = self.keys.new_empty((b, h, cap, d)), self.values.new_empty((b, h, cap, self.values.shape[-1]))
-                kb[:, :, :n], vb[:, :, :n] = self.keys, self.values
-                self._kbuf, self._vbuf = kb, vb
-            kb[:, :, n:n + add], vb[:, :, n:n + add] = key_states, value_states
-            self.keys, self.values = kb[:, :, :n + add], vb[:, :, :n + add]
-            return self.keys, self.values
-
-    return GrowingLayer
-
-
-_GROWING: list = []
-
-
-def capacity(n: int) -> int:
-    """Columns to allocate for a cache of `n` columns: geometric growth, amortized one copy per token."""
-    return n + max(64, n // 2)
-
-
-def into_buffers(layer: Any, pieces: list[tuple[Any, Any]], width: int) -> None:
-    """Make `layer` a GrowingLayer holding `pieces` (keys, values [rows, heads, t, head_dim]) stacked by
-    rows, each right-aligned at column `width` after zeros (masked padding), in new buffers with room to
-    grow: one copy of what is kept, and the next decode step appends in place."""
-    if not _GROWING:
-        _GROWING.append(_growing_layer_class())
-    k0, v0 = pieces[0]
-    rows = sum(k.shape[0] for k, _ in pieces)
-    kb = k0.new_empty((rows, k0.shape[1], capacity(width), k0.shape[-1]))  # the room is written before it is read
-    vb = v0.new_empty((rows, v0.shape[1], kb.shape[2], v0.shape[-1]))
-    r = 0
-    for k, v in pieces:
-        n, t = k.shape[0], k.shape[2]
-        kb[r:r + n, :, :width - t] = 0
-        vb[r:r + n, :, :width - t] = 0
-        kb[r:r + n, :, width - t:width] = k
-        vb[r:r + n, :, width - t:width] = v
-        r += n
-    layer.__class__ = _GROWING[0]
-    layer.adopt(kb, vb, width)
-
-
-def growing(cache: Any) -> Any:
-    """`cache` with its plain full-attention layers turned into GrowingLayers (in place)."""
-    from transformers.cache_utils import DynamicLayer
-
-    if not _GROWING:
-        _GROWING.append(_growing_layer_class())
-    cls = _GROWING[0]
-    for layer in getattr(cache, "layers", []):
-        if type(layer) is DynamicLayer and layer.is_initialized:
-            layer.__class__ = cls  # same state; only update() differs
-    return cache
-
-
-def plain_attention(config: Any) -> bool:
-    """Whether the model's own cache would hold plain full-attention layers only (known before a forward)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
-    try:
-        layers = DynamicCache(config=config).layers
-    except Exception:  # a config transformers cannot build a cache from: the first prefill will tell
-        return True
-    return all(type(layer) is DynamicLayer for layer in layers)
-
-
-def joinable(cache: Any) -> bool:
-    """Whether batches with this cache can be joined and cut row-wise (plain full-attention layers only)."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None)
-    ok = (DynamicLayer, *_GROWING)
-    return bool(layers) and all(type(layer) in ok and layer.keys is not None for layer in layers)
 
 
 class HFEngine:
@@ -303,7 +99,7 @@ class HFEngine:
         """decode steps read the rows' shared prefix once (shared_attention.py); off where the model does not run SDPA"""
         self.weight_layout = weight_layout
         """`packed`: on a CPU, linear weights also held in oneDNN's blocked layout (weight_layout.py); `rows`: as loaded"""
-        self._requeue: list[_Job] = []
+        self._requeue: list[Job] = []
         """admitted jobs a prefill gave back (the prefix cache turned off under them); they go first again"""
         self._jobs: queue.Queue = queue.Queue()
         self._stopped = False
@@ -362,20 +158,20 @@ class HFEngine:
         if not prompt_ids:
             raise EngineError("empty prompt")
         loop = asyncio.get_running_loop()
-        job = _Job(list(prompt_ids), sampling, loop.create_future(), loop)
+        job = Job(list(prompt_ids), sampling, loop.create_future(), loop)
         self._jobs.put(job)
         return await job.future
 
     async def reload(self, checkpoint_dir: Path) -> int:
         loop = asyncio.get_running_loop()
-        job = _Reload(Path(checkpoint_dir), loop.create_future(), loop)
+        job = Reload(Path(checkpoint_dir), loop.create_future(), loop)
         self._jobs.put(job)
         return await job.future
 
     async def drop_cache(self) -> int:
         """Drop the prefix cache once the running batch ends (like a reload, without new weights); the bytes freed."""
         loop = asyncio.get_running_loop()
-        job = _Reload(None, loop.create_future(), loop)
+        job = Reload(None, loop.create_future(), loop)
         self._jobs.put(job)
         return await job.future
 
@@ -400,7 +196,7 @@ class HFEngine:
             loaded.set_exception(e)
             return
         waiting: deque = deque()  # arrivals in order: jobs, reloads, None (shut down)
-        batch: _Batch | None = None
+        batch: Batch | None = None
         while True:
             if batch is None and not waiting:
                 waiting.append(self._jobs.get())  # idle: block until something arrives
@@ -413,13 +209,13 @@ class HFEngine:
                 # Closing: what still runs is abandoned, so no torch work outlives the engine (a daemon
                 # thread inside torch at interpreter exit aborts the process).
                 for job in [r.job for r in batch.rows if not r.finish] if batch else []:
-                    _resolve(job, error=EngineError("the hf engine is shut down"))
+                    resolve(job, error=EngineError("the hf engine is shut down"))
                 for job in waiting:
                     if job is not None:
-                        _resolve(job, error=EngineError("the hf engine is shut down"))
+                        resolve(job, error=EngineError("the hf engine is shut down"))
                 return
             if batch is None:
-                while waiting and isinstance(waiting[0], _Reload):
+                while waiting and isinstance(waiting[0], Reload):
                     self._reload(waiting.popleft())
                 if waiting and waiting[0] is None:
                     return
@@ -432,19 +228,19 @@ class HFEngine:
             if batch is not None:
                 batch = self._step(batch)
 
-    def _reload(self, r: _Reload) -> None:
+    def _reload(self, r: Reload) -> None:
         """New weights and an empty prefix cache (keys/values of the old weights must never serve the new
         version); with no path, only the empty cache (`drop_cache`: answers the bytes freed)."""
         if r.path is None:
-            _resolve(r, self._drop_prefix())
+            resolve(r, self._drop_prefix())
             return
         try:
             self.model = self._load(r.path)
             self._drop_prefix()
             self.policy_version += 1
-            _resolve(r, self.policy_version)
+            resolve(r, self.policy_version)
         except Exception as e:
-            _resolve(r, error=e if isinstance(e, UserError) else UserError(f"reload from {r.path} failed: {e}"))
+            resolve(r, error=e if isinstance(e, UserError) else UserError(f"reload from {r.path} failed: {e}"))
 
     def _drop_prefix(self) -> int:
         """Empty the prefix cache; the bytes it held."""
@@ -454,26 +250,26 @@ class HFEngine:
         self.prefix.clear()
         return freed
 
-    def _admit(self, batch: _Batch | None, jobs: list[_Job]) -> _Batch | None:
+    def _admit(self, batch: Batch | None, jobs: list[Job]) -> Batch | None:
         """Prefill `jobs` and join them to the running batch (a failure fails only these jobs)."""
         for j in [j for j in jobs if j.sampling.max_tokens <= 0]:
-            _resolve(j, Generation([], [], "length", self.policy_version))
+            resolve(j, Generation([], [], "length", self.policy_version))
         jobs = [j for j in jobs if j.sampling.max_tokens > 0]
         if not jobs:
             return batch
         try:
             new = self._prefill(jobs)
-            return new if batch is None else self._join(batch, new)
+            return new if batch is None else join_batches(batch, new)
         except Exception as e:  # an engine crash must reach the callers, not kill the thread
             for j in jobs:
-                _resolve(j, error=EngineError(f"hf engine failed: {type(e).__name__}: {e}"))
+                resolve(j, error=EngineError(f"hf engine failed: {type(e).__name__}: {e}"))
             return batch
 
-    def _prefill(self, jobs: list[_Job]) -> _Batch:
+    def _prefill(self, jobs: list[Job]) -> Batch:
         """Prefill `jobs` into one batch, each from the longest cached prefix of its prompt."""
         if self.prefix is None:
             return self._prefill_group([(j, PrefixHit(0)) for j in jobs])
-        batch: _Batch | None = None
+        batch: Batch | None = None
         pending = jobs
         while pending:  # a job whose next uncached block an earlier job of this pass computes waits a pass
             now, later, claimed = [], [], set()
@@ -493,12 +289,12 @@ class HFEngine:
                     self._requeue.extend(j for j, _ in group)
                     continue
                 new = self._prefill_group(group)
-                batch = new if batch is None else self._join(batch, new)
+                batch = new if batch is None else join_batches(batch, new)
             pending = later
         assert batch is not None
         return batch
 
-    def _prefill_group(self, items: list[tuple[_Job, PrefixHit]]) -> _Batch:
+    def _prefill_group(self, items: list[tuple[Job, PrefixHit]]) -> Batch:
         """One prefill forward (chunked) for rows that each start from their cached prefix.
 
         Layout: rows right-aligned over width W = longest prompt; the last S columns (S = longest
@@ -547,7 +343,7 @@ class HFEngine:
                 dt = time.perf_counter() - t0
                 self.tuner.record("prefill", n, dt, B * (e - s))
                 self.timing["prefill_seconds"] += dt
-                cache = _cache_of(out)
+                cache = cache_of(out)
         for i, (j, h) in enumerate(items):
             used = max(0, lens[i] - S)
             self._stats.requests += 1
@@ -562,9 +358,9 @@ class HFEngine:
             else:
                 for i, (j, h) in enumerate(items):
                     self._store(cache, i, W - lens[i], j.prompt_ids)
-        rows = [_Row(j, self._generator(j.sampling), set(j.sampling.stop_token_ids) | set(self.eos_ids),
+        rows = [Row(j, row_generator(j.sampling), set(j.sampling.stop_token_ids) | set(self.eos_ids),
                      len(j.prompt_ids) - 1) for j, _ in items]
-        return _Batch(rows, growing(cache), mask, out.logits[:, -1, :].float())
+        return Batch(rows, growing(cache), mask, out.logits[:, -1, :].float())
 
     def _turn_off_prefix(self, what: str) -> None:
         log.warning("hf engine: this model's KV cache (%s) cannot be joined or cut by rows; prefix cache off", what)
@@ -584,18 +380,7 @@ class HFEngine:
         assert self.prefix is not None
         self.prefix.insert(ids, kv_of)
 
-    @staticmethod
-    def _join(a: _Batch, b: _Batch) -> _Batch:
-        """One batch of a's rows then b's: the narrower cache is left-padded with masked zeros."""
-        import torch
-
-        width = max(a.width, b.width)
-        for la, lb in zip(a.cache.layers, b.cache.layers):  # keys/values are [B, heads, T, head_dim]
-            into_buffers(la, [(la.keys, la.values), (lb.keys, lb.values)], width)
-        mask = torch.cat([_left_pad(a.mask, width, 1), _left_pad(b.mask, width, 1)])
-        return _Batch(a.rows + b.rows, a.cache, mask, torch.cat([a.logits, b.logits]))
-
-    def _step(self, batch: _Batch) -> _Batch | None:
+    def _step(self, batch: Batch) -> Batch | None:
         """Sample one token per row, answer finished rows, forward the rest one step."""
         import torch
 
@@ -606,7 +391,7 @@ class HFEngine:
             if r.job.future.cancelled():  # its caller is gone (a harness killed on timeout): stop generating
                 r.finish = "cancelled"
                 continue
-            tok, lp = self._sample(batch.logits[i], r.job.sampling, r.generator)
+            tok, lp = sample_token(batch.logits[i], r.job.sampling, r.generator)
             r.ids.append(tok)
             r.logprobs.append(lp)
             if tok in r.stops:
@@ -614,7 +399,7 @@ class HFEngine:
             elif len(r.ids) >= r.job.sampling.max_tokens:
                 r.finish = "length"
             if r.finish:
-                _resolve(r.job, Generation(r.ids, r.logprobs, r.finish, version))
+                resolve(r.job, Generation(r.ids, r.logprobs, r.finish, version))
                 if self.prefix is not None and len(r.ids) > 1 and joinable(batch.cache):
                     # the next call of this rollout starts with prompt + output: cache what was forwarded
                     seq = r.job.prompt_ids + r.ids[:-1]
@@ -623,7 +408,7 @@ class HFEngine:
         if not keep:
             return None
         if len(keep) < len(batch.rows) and joinable(batch.cache):
-            batch = self._select(batch, keep)
+            batch = select_rows(batch, keep)
         try:
             nxt = torch.tensor([[self.pad_id if r.finish else r.ids[-1]] for r in batch.rows], device=self.device)
             for r in batch.rows:
@@ -646,54 +431,10 @@ class HFEngine:
             self.tuner.record(kind, n, dt)
             self.timing["decode_seconds"] += dt
             self.timing["decode_tokens"] += sum(not r.finish for r in batch.rows)
-            batch.cache, batch.logits = _cache_of(out), out.logits[:, -1, :].float()
+            batch.cache, batch.logits = cache_of(out), out.logits[:, -1, :].float()
             self.decode_steps += 1
             return batch
         except Exception as e:  # an engine crash must reach the callers, not kill the thread
             for r in batch.rows:
-                _resolve(r.job, error=EngineError(f"hf engine failed: {type(e).__name__}: {e}"))
+                resolve(r.job, error=EngineError(f"hf engine failed: {type(e).__name__}: {e}"))
             return None
-
-    @staticmethod
-    def _select(batch: _Batch, keep: list[int]) -> _Batch:
-        """The batch cut to rows `keep`, without the leading columns only padding uses any more."""
-        import torch
-
-        idx = torch.tensor(keep, device=batch.mask.device)
-        mask = batch.mask.index_select(0, idx)
-        start = int(mask.any(0).nonzero()[0])
-        for layer in batch.cache.layers:
-            into_buffers(layer, [(layer.keys[i:i + 1, :, start:], layer.values[i:i + 1, :, start:]) for i in keep],
-                         mask.shape[1] - start)
-        return _Batch([batch.rows[i] for i in keep], batch.cache, mask[:, start:], batch.logits.index_select(0, idx))
-
-    @staticmethod
-    def _generator(s: Sampling):
-        import torch
-
-        if s.seed is None:
-            return None
-        g = torch.Generator()
-        g.manual_seed(int(s.seed))
-        return g
-
-    @staticmethod
-    def _sample(logits, s: Sampling, gen) -> tuple[int, float]:
-        """One token from one row's logits; the logprob is under logits / temperature (untruncated)."""
-        import torch
-
-        temp = s.temperature if s.temperature and s.temperature > 0 else 1.0
-        logp = torch.log_softmax(logits / temp, dim=-1)
-        if not s.temperature or s.temperature <= 0:
-            tok = int(torch.argmax(logp))
-            return tok, float(logp[tok])
-        probs = logp.exp()
-        if s.top_k and s.top_k > 0:
-            kth = torch.topk(probs, min(s.top_k, probs.numel())).values[-1]
-            probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-        if s.top_p < 1.0:
-            sp, si = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sp, 0) - sp < s.top_p * sp.sum()
-            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-        tok = int(torch.multinomial(probs, 1, generator=gen))
-        return tok, float(logp[tok])

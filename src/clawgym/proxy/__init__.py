@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProxyConfig", "ProxyServer", "ProxyThread", "export_calls", "read_records", "serve"]
 
-_LOADED_WHEN_USED = {"ProxyConfig": "clawgym.proxy.config", "ProxyServer": "clawgym.proxy.server", "ProxyThread": "clawgym.proxy.server",
+_LOADED_WHEN_USED = {"ProxyConfig": "clawgym.proxy.config", "ProxyServer": "clawgym.proxy.server", "ProxyThread": "clawgym.proxy.thread",
                      "export_calls": "clawgym.proxy.recorder", "read_records": "clawgym.proxy.recorder"}
 
 

@@ -101,14 +101,18 @@ def _err(status: int, message: str) -> web.Response:
     return _json({"error": {"message": message}}, status)
 
 
-def add_admin_routes(app: web.Application, server: Any) -> None:
-    """Attach the admin routes of `server` (a ProxyServer) to `app`."""
+class AdminRoutes:
+    """The admin routes' handlers over one ProxyServer: rollouts (register, status, conversation,
+    close, script), the engine (reload, stats, drop its cache), health and Prometheus metrics."""
 
-    def authed(handler):
+    def __init__(self, server: Any):
+        self.server = server
+
+    def authed(self, handler):
         async def wrapped(request: web.Request) -> web.Response:
             auth = request.headers.get("Authorization", "")
             token = request.headers.get("x-admin-token") or (auth[7:].strip() if auth[:7].lower() == "bearer " else "")
-            if not secret_matches(token, server.admin_token):
+            if not secret_matches(token, self.server.admin_token):
                 return _err(401, "admin token missing or wrong (send Authorization: Bearer <admin token>)")
             try:
                 return await handler(request)
@@ -118,6 +122,7 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
                 return _err(409 if e.kind == "conflict" else 400, e.message)
         return wrapped
 
+    @staticmethod
     async def body(request: web.Request) -> dict:
         if not request.can_read_body:
             return {}
@@ -129,108 +134,111 @@ def add_admin_routes(app: web.Application, server: Any) -> None:
             raise UserError("request body must be a JSON object")
         return data
 
-    def status(r) -> dict:
-        return {"rollout_id": r.id, "role": r.role, "calls_recorded": server.recorder.count(r.id), "calls_started": r.seq,
+    def status(self, r) -> dict:
+        return {"rollout_id": r.id, "role": r.role, "calls_recorded": self.server.recorder.count(r.id), "calls_started": r.seq,
                 "in_flight": r.in_flight, "errors": r.errors, "last_activity": r.last_activity,
-                "idle_s": round(time.time() - r.last_activity, 3), "policy_version": server.engine.policy_version,
+                "idle_s": round(time.time() - r.last_activity, 3), "policy_version": self.server.engine.policy_version,
                 "last_call_status": r.last_call[1], "last_call_error": r.last_call[2],
                 # the last thing the rollout asked for did not fit the window: no call started after it
                 "context_exceeded": r.context_refused[1] if r.context_refused[0] == r.seq else "",
                 # it asked for a call past its budget: the harness ended on that refusal
                 "call_budget_spent": r.budget_refused}
 
-    async def register(request: web.Request) -> web.Response:
-        data = await body(request)
+    async def register(self, request: web.Request) -> web.Response:
+        data = await self.body(request)
         role = data.get("role") or "main"
         if role not in ("main", "subagent", "compaction", "aux"):
             raise UserError(f"role must be main, subagent, compaction or aux, got {role!r}")
         script = data.get("script")
-        if script is not None and not hasattr(server.engine, "push"):
-            raise UserError(f"'script' needs the scripted engine; this proxy runs '{server.config.engine}'")
+        if script is not None and not hasattr(self.server.engine, "push"):
+            raise UserError(f"'script' needs the scripted engine; this proxy runs '{self.server.config.engine}'")
         if script is not None and not isinstance(script, list):
             raise UserError(f"'script' {SCRIPT_ITEMS}")
         max_calls = data.get("max_calls", 0)
         if not isinstance(max_calls, int) or isinstance(max_calls, bool) or max_calls < 0:
             raise UserError(f"max_calls must be an integer >= 0 (0: no bound), got {max_calls!r}")
-        r = server.register(data.get("rollout_id"), role, max_calls=max_calls)
+        r = self.server.register(data.get("rollout_id"), role, max_calls=max_calls)
         if script is not None:
-            server.engine.push(r.id, script)
+            self.server.engine.push(r.id, script)
         base = f"http://{request.host}/r/{r.id}"
         return _json({"rollout_id": r.id, "base_url": base, "openai_base_url": base + "/v1", "api_key": r.api_key}, 201)
 
-    async def get_status(request: web.Request) -> web.Response:
-        r = server.rollouts.get(request.match_info["id"])
-        return _err(404, f"unknown rollout '{request.match_info['id']}'") if r is None else _json(status(r))
+    async def get_status(self, request: web.Request) -> web.Response:
+        r = self.server.rollouts.get(request.match_info["id"])
+        return _err(404, f"unknown rollout '{request.match_info['id']}'") if r is None else _json(self.status(r))
 
-    async def conversation(request: web.Request) -> web.Response:
-        r = server.rollouts.get(request.match_info["id"])
+    async def conversation(self, request: web.Request) -> web.Response:
+        r = self.server.rollouts.get(request.match_info["id"])
         if r is None:
             return _err(404, f"unknown rollout '{request.match_info['id']}'")
         return _json({"rollout_id": r.id, "calls": r.conversation.to_json()})
 
-    async def close(request: web.Request) -> web.Response:
-        r = server.rollouts.pop(request.match_info["id"], None)
+    async def close(self, request: web.Request) -> web.Response:
+        r = self.server.rollouts.pop(request.match_info["id"], None)
         if r is None:
             return _err(404, f"unknown rollout '{request.match_info['id']}'")
-        server.recorder.close_rollout(r.id)
-        return _json(status(r) | {"closed": True})
+        self.server.recorder.close_rollout(r.id)
+        return _json(self.status(r) | {"closed": True})
 
-    async def push_script(request: web.Request) -> web.Response:
+    async def push_script(self, request: web.Request) -> web.Response:
         rid = request.match_info["id"]
-        if rid not in server.rollouts:
+        if rid not in self.server.rollouts:
             return _err(404, f"unknown rollout '{rid}'")
-        if not hasattr(server.engine, "push"):
-            raise UserError(f"scripts need the scripted engine; this proxy runs '{server.config.engine}'")
-        items = (await body(request)).get("items")
+        if not hasattr(self.server.engine, "push"):
+            raise UserError(f"scripts need the scripted engine; this proxy runs '{self.server.config.engine}'")
+        items = (await self.body(request)).get("items")
         if not isinstance(items, list):
             raise UserError(f"'items' {SCRIPT_ITEMS}")
-        return _json({"rollout_id": rid, "queued": server.engine.push(rid, items)})
+        return _json({"rollout_id": rid, "queued": self.server.engine.push(rid, items)})
 
-    async def reload(request: web.Request) -> web.Response:
-        ckpt = (await body(request)).get("checkpoint")
+    async def reload(self, request: web.Request) -> web.Response:
+        ckpt = (await self.body(request)).get("checkpoint")
         if not isinstance(ckpt, str) or not ckpt:
             raise UserError("'checkpoint' (a directory) is required")
         if not Path(ckpt).is_dir():
             raise UserError(f"checkpoint {ckpt} is not a directory")
-        version = await server.engine.reload(Path(ckpt))
-        server.metrics.gauge_set("clawgym_proxy_policy_version", version)
+        version = await self.server.engine.reload(Path(ckpt))
+        self.server.metrics.gauge_set("clawgym_proxy_policy_version", version)
         return _json({"policy_version": version})
 
-    async def health(request: web.Request) -> web.Response:
-        return _json({"status": "ok", "engine": server.config.engine, "model": server.model_name,
-                      "model_dir": str(Path(server.config.model_dir).resolve()),
-                      "policy_version": server.engine.policy_version, "max_context": server.engine.max_context,
-                      "tool_parser": server.tool_parser, "tool_parser_source": server.tool_parser_source,
-                      "rollouts": len(server.rollouts), "in_flight": sum(r.in_flight for r in server.rollouts.values())})
+    async def health(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok", "engine": self.server.config.engine, "model": self.server.model_name,
+                      "model_dir": str(Path(self.server.config.model_dir).resolve()),
+                      "policy_version": self.server.engine.policy_version, "max_context": self.server.engine.max_context,
+                      "tool_parser": self.server.tool_parser, "tool_parser_source": self.server.tool_parser_source,
+                      "rollouts": len(self.server.rollouts), "in_flight": sum(r.in_flight for r in self.server.rollouts.values())})
 
-    async def metrics(request: web.Request) -> web.Response:
-        server.metrics.gauge_set("clawgym_proxy_policy_version", server.engine.policy_version)
-        server.metrics.gauge_set("clawgym_proxy_rollouts", len(server.rollouts))
-        server.metrics.gauge_set("clawgym_proxy_record_bytes", server.recorder.bytes_written)
-        if isinstance(server.engine, ReportsStats):  # e.g. the hf engine's prefix cache (docs/engines.md)
-            for name, value in server.engine.stats().items():
-                server.metrics.gauge_set(f"clawgym_engine_{name}", value)
-        return web.Response(text=server.metrics.text(), content_type="text/plain", charset="utf-8")
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.server.metrics.gauge_set("clawgym_proxy_policy_version", self.server.engine.policy_version)
+        self.server.metrics.gauge_set("clawgym_proxy_rollouts", len(self.server.rollouts))
+        self.server.metrics.gauge_set("clawgym_proxy_record_bytes", self.server.recorder.bytes_written)
+        if isinstance(self.server.engine, ReportsStats):  # e.g. the hf engine's prefix cache (docs/engines.md)
+            for name, value in self.server.engine.stats().items():
+                self.server.metrics.gauge_set(f"clawgym_engine_{name}", value)
+        return web.Response(text=self.server.metrics.text(), content_type="text/plain", charset="utf-8")
 
-    async def drop_engine_cache(request: web.Request) -> web.Response:
-        if not isinstance(server.engine, DropsCache):
+    async def drop_engine_cache(self, request: web.Request) -> web.Response:
+        if not isinstance(self.server.engine, DropsCache):
             return _json({"dropped": False, "freed_bytes": 0})
-        return _json({"dropped": True, "freed_bytes": await server.engine.drop_cache()})
+        return _json({"dropped": True, "freed_bytes": await self.server.engine.drop_cache()})
 
-    async def engine_stats(request: web.Request) -> web.Response:
-        return _json({"stats": server.engine.stats() if isinstance(server.engine, ReportsStats) else {}})
+    async def engine_stats(self, request: web.Request) -> web.Response:
+        return _json({"stats": self.server.engine.stats() if isinstance(self.server.engine, ReportsStats) else {}})
 
-    r = app.router
-    r.add_post("/admin/rollouts", authed(register))
-    r.add_get("/admin/rollouts/{id}", authed(get_status))
-    r.add_get("/admin/rollouts/{id}/conversation", authed(conversation))
-    r.add_delete("/admin/rollouts/{id}", authed(close))
-    r.add_post("/admin/rollouts/{id}/script", authed(push_script))
-    r.add_post("/admin/reload", authed(reload))
-    r.add_get("/admin/health", authed(health))
-    r.add_get("/admin/metrics", authed(metrics))
-    r.add_get("/admin/engine", authed(engine_stats))
-    r.add_delete("/admin/engine/cache", authed(drop_engine_cache))
+
+def add_admin_routes(app: web.Application, server: Any) -> None:
+    """Attach the admin routes of `server` (a ProxyServer) to `app`, each behind the admin token."""
+    routes, r = AdminRoutes(server), app.router
+    r.add_post("/admin/rollouts", routes.authed(routes.register))
+    r.add_get("/admin/rollouts/{id}", routes.authed(routes.get_status))
+    r.add_get("/admin/rollouts/{id}/conversation", routes.authed(routes.conversation))
+    r.add_delete("/admin/rollouts/{id}", routes.authed(routes.close))
+    r.add_post("/admin/rollouts/{id}/script", routes.authed(routes.push_script))
+    r.add_post("/admin/reload", routes.authed(routes.reload))
+    r.add_get("/admin/health", routes.authed(routes.health))
+    r.add_get("/admin/metrics", routes.authed(routes.metrics))
+    r.add_get("/admin/engine", routes.authed(routes.engine_stats))
+    r.add_delete("/admin/engine/cache", routes.authed(routes.drop_engine_cache))
 
 
 def wait_settled(status: Callable[[], dict], timeout: float = 30.0, checks: int = 3, interval: float = 0.05) -> dict | None:

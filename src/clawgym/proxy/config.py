@@ -1,6 +1,6 @@
 """`ProxyConfig`: what one proxy serves and how, each field with its default and help.
 
-The fields are `clawgym serve-proxy`'s options (cli.py, `clawgym.fields`) and its table in
+The fields are `clawgym serve-proxy`'s options (cli/stages.py, `clawgym.fields`) and its table in
 docs/config.md. This module imports neither aiohttp nor an engine, so the command line builds the
 options without them.
 """
@@ -18,7 +18,7 @@ from clawgym.proxy.toolparse import AUTO, PARSERS
 
 @dataclass
 class ProxyConfig:
-    """What one proxy serves and how. The fields are `clawgym serve-proxy`'s options (cli.py,
+    """What one proxy serves and how. The fields are `clawgym serve-proxy`'s options (cli/stages.py,
     `clawgym.fields`; `SERVE_SKIP` are not). The engine, its options, parser and template, and the
     address are also RolloutConfig's fields (the proxy `clawgym rollout` starts is this one), which
     takes their defaults and forms from here."""

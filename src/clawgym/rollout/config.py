@@ -1,7 +1,7 @@
 """The rollout stage's configs: `RolloutConfig`, `VerifierConfig`, `JudgeConfig`, and the harness names.
 
 Each `RolloutConfig` field carries its default and help (`clawgym.fields`); `clawgym rollout`'s and
-`clawgym eval`'s options and the recipe's [rollout] section are made from these fields (cli.py,
+`clawgym eval`'s options and the recipe's [rollout] section are made from these fields (cli/stages.py,
 config.py), with `JudgeChoice`'s two for the judge, and docs/config.md lists them. This module imports
 neither torch nor the harness adapters, so a recipe loads without them.
 """
@@ -90,7 +90,7 @@ class JudgeChoice:
 class RolloutConfig:
     """Everything one `clawgym rollout` call needs; saved as rollout.config.json beside the output.
 
-    The fields are `clawgym rollout`'s and `clawgym eval`'s options too (cli.py): `flag` names an
+    The fields are `clawgym rollout`'s and `clawgym eval`'s options too (cli/): `flag` names an
     option whose flag is not the field's name, `form` writes a list or dict on the command line."""
 
     tasks: Path = option(help="a task folder or a folder of task folders (docs/tasks.md)")

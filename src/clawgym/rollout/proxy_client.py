@@ -125,7 +125,7 @@ def check_proxy_settings(config) -> None:
 def start_local_proxy(config, records: Path) -> Iterator[ProxyClient]:
     """A proxy serving `config.model` on a free port of `config.proxy_host` for the length of the run,
     recording into `records` (a StepLayout's or RunLayout's records folder)."""
-    from clawgym.proxy.server import ProxyThread  # here: a run against a running proxy never loads the server (aiohttp)
+    from clawgym.proxy.thread import ProxyThread  # here: a run against a running proxy never loads the server (aiohttp)
 
     records = Path(records)
     pc = ProxyConfig(model_dir=Path(config.model), engine=config.engine, host=config.proxy_host, port=0,

@@ -18,26 +18,24 @@ Every key is checked: an unknown section or key, a value of the wrong type or be
 naming the file, the section and the key. Paths are relative to the recipe's folder. The resolved
 recipe (defaults filled, paths absolute) is saved in the run directory as recipe.toml.
 
+The sections' dataclasses are in sections.py; this module reads, checks and writes a recipe.
 A recipe becomes the stages' configs only through its methods: `Recipe.rollout_config` (a step's
 rollouts; `eval_config`, `sft_rollout_config` for an evaluation and the teacher), `train_config`
-(a step's training) and `sft_train_config` (the cold start's). A section key that is a stage
-config's field is declared with `same_as`, so its help and default have one owner (the stage
-config); where the recipe's default differs on purpose, the section says so beside the key.
+(a step's training) and `sft_train_config` (the cold start's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawgym.engines.registry import ENGINES, check_engine
+from clawgym.engines.registry import check_engine
 from clawgym.errors import UserError, did_you_mean
-from clawgym.fields import default_of, field_of, option, reference, same_as
+from clawgym.fields import default_of, field_of, from_text, reference, typed
 from clawgym.layout import RunLayout
 from clawgym.models.pretrained import PRETRAINED
 from clawgym.models.templates import SHIPPED, load_chat_template
@@ -46,129 +44,11 @@ from clawgym.proxy.config import SERVE_SKIP, ProxyConfig
 from clawgym.proxy.toolparse import check_name
 from clawgym.rollout.config import HARNESS_NAMES, JudgeChoice, RolloutConfig
 from clawgym.run.replay import train_kwargs
+from clawgym.run.sections import (RENAMED_KEYS, SFT_SHARED_TRAIN_KEYS, EngineSection, EvalSection, LogSection, ModelSection,
+                                  OfflineSection, RaySection, RolloutSection, RunSection, SftSection, TreesSection)
 from clawgym.run.sinks import check_wandb_options
 from clawgym.tasks.writer import dump_toml
 from clawgym.train.config import PER_CALL, TrainConfig
-from clawgym.trees import DEFAULT_MAX_LEAVES
-
-
-@dataclass
-class RunSection:
-    name: str = option("run", "the run's name; its directory is runs/<name> beside the recipe unless `dir` is given")
-    dir: Path | None = option(None, "the run directory; default runs/<name> beside the recipe")
-    steps: int = option(10, "loop steps (rollouts → trees → train → sync)")
-    seed: int = option(0, "the training seed: step N trains with seed + N")
-    keep_last: int = option(0, "keep only the last N step checkpoints, and always the latest and the best-eval one "
-                               "(older ones are removed as the run goes); 0 keeps every one")
-
-
-@dataclass
-class ModelSection:
-    path: Path | None = option(None, "the starting policy: an HF model directory (give this or `init`)")
-    init: str | None = option(None, "or make it with init-model into RUN/model-init: a size (tiny | small) or a pretrained name (--from)")
-    init_seed: int = option(0, "init-model's seed")
-
-
-@dataclass
-class EngineSection:
-    """[engine]: the proxy's engine, parser and template (RolloutConfig's fields), and the engine's options."""
-
-    name: str = same_as(RolloutConfig, "engine", help=f"the proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
-    tool_parser: str = same_as(RolloutConfig, "tool_parser")
-    chat_template: str | None = same_as(RolloutConfig, "chat_template", help="a Jinja file (relative to the recipe) or a shipped "
-                                                                             "template name replacing the model's (templates.py)")
-    options: dict[str, Any] = option(help="every other key of [engine]: the engine's options (docs/engines.md)", factory=dict)
-
-
-@dataclass
-class RolloutSection:
-    """[rollout]: the RolloutConfig fields (rollout/config.py) a recipe sets, plus the judge's two
-    (JudgeChoice); `Recipe.rollout_config` fills the rest from the step and the other sections."""
-
-    tasks: Path | None = same_as(RolloutConfig, "tasks", default=None)  # None: an [offline] recipe collects nothing
-    harnesses: list[str] = same_as(RolloutConfig, "harnesses")
-    # a run's default group and pool are 8 rollouts per task (GRPO needs several); `clawgym rollout`'s are 1 and 4
-    n: int = same_as(RolloutConfig, "n", default=8)
-    concurrency: int = same_as(RolloutConfig, "concurrency", default=8)
-    timeout_s: float | None = same_as(RolloutConfig, "timeout_s")
-    max_calls: int = same_as(RolloutConfig, "max_calls")
-    sandbox: str = same_as(RolloutConfig, "sandbox")
-    network: str = same_as(RolloutConfig, "network")
-    harness_options: dict[str, dict[str, Any]] = same_as(RolloutConfig, "harness_options")
-    tasks_per_step: int = same_as(RolloutConfig, "tasks_per_step")
-    judge_url: str | None = same_as(JudgeChoice, "judge_url")
-    judge_model: str = same_as(JudgeChoice, "judge_model")
-
-
-RENAMED_KEYS = {"rollout": {"timeout": "timeout_s"}}
-"""recipe keys that were renamed to their stage config's field: the old name still loads"""
-
-
-@dataclass
-class TreesSection:
-    """[trees]: build-trees' settings; `clawgym build-trees` takes the same field as an option."""
-
-    # Paper §3.2.2 gives no number. A Claude-Code-like rollout with 3 subagents, a compaction and 2 retries has about 8 leaves.
-    max_leaves: int = option(DEFAULT_MAX_LEAVES, "a rollout whose tree has more leaves than this is dropped (over-branching)", minimum=1)
-
-
-@dataclass
-class EvalSection:
-    every: int = option(0, "evaluate the policy every this many steps (0 = never)")
-    tasks: Path | None = option(None, "held-out tasks; default: the rollout tasks")
-    n: int = option(4, "rollouts per task and harness; a task's Pass@1 is the mean score of its rollouts (also `clawgym eval`'s default)")
-    harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
-
-
-@dataclass
-class RaySection:
-    """[ray]: RolloutConfig's Ray fields (ray, ray_num_cpus, proxy_host) under the section's own names."""
-
-    address: str | None = same_as(RolloutConfig, "ray", help="run each rollout as a Ray task: auto | local | HOST:PORT | "
-                                                               "ray://HOST:PORT (docs/scale.md)")
-    num_cpus: float = same_as(RolloutConfig, "ray_num_cpus")
-    proxy_host: str = same_as(RolloutConfig, "proxy_host", help="where the run's proxy listens: 0.0.0.0 on a multi-node cluster, "
-                                                               "so the worker nodes reach it")
-
-
-@dataclass
-class SftSection:
-    """[sft]: the cold start's teacher rollouts, and the TrainConfig fields of its `train --algo sft`
-    (with the cold start's own defaults: a few passes at a high rate over a handful of trajectories)."""
-
-    n: int = option(0, "teacher trajectories per task–harness pair; 0 = no cold start")
-    tasks: Path | None = option(None, "default: the rollout tasks")
-    tasks_per_step: int = same_as(RolloutConfig, "tasks_per_step", help="the teacher shows only this many of the tasks, "
-                                  "drawn once (seeded as a step 0 draw); 0 = every task")
-    harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
-    engine: str = option("teacher", "the engine that plays the teacher, serving the student's tokenizer")
-    family: str | None = option(None, "the teacher engine's task family (docs/tasks.md)")
-    epochs: int = same_as(TrainConfig, "epochs", default=4, help="passes over the teacher trajectories")
-    minibatches: int = same_as(TrainConfig, "minibatches", default=4, help="optimizer steps per epoch")
-    lr: float = same_as(TrainConfig, "lr", default=1e-3, help="the cold start's learning rate")
-    min_reward: float = same_as(TrainConfig, "min_reward", help="train only on teacher trajectories scoring at least this")
-
-
-SFT_SHARED_TRAIN_KEYS = ("token_budget", "attention", "max_grad_norm", "aggregation", "activation_checkpointing", "head_chunk")
-"""[train] keys the cold start's training takes too (how batches are packed and clipped, and what
-memory a forward keeps: the demonstrations are as long as the rollouts); every other TrainConfig
-field of the cold start is [sft]'s or TrainConfig's default"""
-
-
-@dataclass
-class LogSection:
-    tensorboard: bool = option(False, "also write each metrics line as TensorBoard scalars to RUN/tensorboard "
-                                      "(pip install 'clawgym[tensorboard]')")
-    wandb: dict[str, Any] = option(help="also log each metrics line to Weights & Biases: {project = \"...\", mode = offline | "
-                                        "online | disabled, entity, name, group, tags}; the run folder is RUN/wandb "
-                                        "(pip install 'clawgym[wandb]')", factory=dict)
-
-
-@dataclass
-class OfflineSection:
-    from_run: Path | None = option(None, "train on this finished run's saved trees instead of collecting rollouts, each step "
-                                         "with the train settings that run recorded for it ([train] keys change them; without "
-                                         "[model], from the run's own starting policy)")
 
 
 @dataclass
@@ -274,28 +154,8 @@ _SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, 
 _TRAIN_FILLED = PER_CALL
 
 
-def _check_type(value: Any, annotation: Any, where: str) -> Any:
-    """Check a TOML value against a dataclass field's annotation; returns it converted (Path, float)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return _check_type(value, args[0], where)
-    if annotation is Path:
-        if not isinstance(value, str):
-            raise UserError(f"{where} must be a path string, got {type(value).__name__}")
-        return Path(value)
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if annotation is Any:
-        return value
-    expected = origin or annotation
-    if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
-        raise UserError(f"{where} must be {getattr(expected, '__name__', expected)}, got {type(value).__name__} {value!r}")
-    return value
-
-
 def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(), renamed: dict[str, str] | None = None) -> Any:
-    hints = typing.get_type_hints(cls, globalns=globals())
+    hints = typing.get_type_hints(cls)
     minimum = {f.name: f.metadata["minimum"] for f in dataclasses.fields(cls) if "minimum" in f.metadata}
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -308,7 +168,7 @@ def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(
             key = renamed[key]
         if key not in known:
             raise UserError(f"{where}: unknown key '{key}'{did_you_mean(key, [*known, *extra_ok])}; known: {', '.join(sorted(known))}")
-        kwargs[key] = _check_type(value, hints[key], f"{where} key '{key}'")
+        kwargs[key] = typed(value, hints[key], f"{where} key '{key}'")
         if key in minimum and kwargs[key] < minimum[key]:  # the same floor as the command line's option
             raise UserError(f"{where} key '{key}' must be >= {minimum[key]}, got {kwargs[key]}")
     return cls(**kwargs)
@@ -348,7 +208,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         if key in _TRAIN_FILLED or key not in tc_fields:
             allowed = sorted(set(tc_fields) - _TRAIN_FILLED)
             raise UserError(f"{path} [train]: unknown key '{key}'{did_you_mean(key, allowed)}; known: {', '.join(allowed)}")
-        train[key] = _check_type(value, hints[key], f"{path} [train] key '{key}'")
+        train[key] = typed(value, hints[key], f"{path} [train] key '{key}'")
     recipe = Recipe(path=path, train=train, **sections)
     _resolve_paths(recipe)
     _validate(recipe, HARNESS_NAMES)
@@ -361,26 +221,8 @@ def _field_type(section: str, key: str) -> Any:
         return typing.get_type_hints(TrainConfig).get(key) if key not in _TRAIN_FILLED else None
     if section == "engine":
         return str if key in ("name", "tool_parser", "chat_template") else Any
-    hints = typing.get_type_hints(_SECTIONS[section], globalns=globals())
+    hints = typing.get_type_hints(_SECTIONS[section])
     return {**hints, **{old: hints[new] for old, new in RENAMED_KEYS.get(section, {}).items()}}.get(key)
-
-
-def _override_value(text: str, annotation: Any) -> Any:
-    """A command-line value typed by its field: a string or path as written (a relative path from the
-    working directory), a list as TOML or comma-separated, anything else as a TOML value."""
-    kind = annotation
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))
-    if kind is str:
-        return text
-    if kind is Path:
-        return str(Path(text).resolve())
-    if typing.get_origin(kind) is list and not text.lstrip().startswith("["):
-        return [item.strip() for item in text.split(",") if item.strip()]
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text  # then the type check names the key and the value
 
 
 def apply_overrides(doc: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
@@ -404,7 +246,7 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str] | tuple[str, ...])
         if section == "rollout" and key in HARNESS_NAMES:
             if len(parts) != 3:
                 raise UserError(f"override {item!r}: a harness option is rollout.{key}.KEY=VALUE")
-            table.setdefault(key, {})[parts[2]] = _override_value(text, Any)
+            table.setdefault(key, {})[parts[2]] = from_text(text, Any)
             continue
         annotation = _field_type(section, key)
         if annotation is None or len(parts) > 2:
@@ -412,7 +254,7 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str] | tuple[str, ...])
                 [f.name for f in dataclasses.fields(_SECTIONS[section])] if section != "engine" else []
             raise UserError(f"override {item!r}: unknown key '{'.'.join(parts[1:])}' in [{section}]{did_you_mean(key, known)}"
                             + (f"; known: {', '.join(sorted(known))}" if known else ""))
-        table[key] = _override_value(text, annotation)
+        table[key] = from_text(text, annotation)
 
 
 def _engine_section(table: dict, where: str) -> EngineSection:

@@ -8,7 +8,7 @@ checkpoint, so its optimizer moments (optimizer.pt) and PPO value model (value/)
 as they did in the run; step 1 starts from the policy the run's step 1 started from. At the run's
 own settings the replay writes the run's checkpoints again, to float tolerance (tests/test_offline.py).
 
-    clawgym replay RUN [OUT] [KEY=VALUE ...] [--model DIR]   # replay, then the table (cli.py)
+    clawgym replay RUN [OUT] [KEY=VALUE ...] [--model DIR]   # replay, then the table (cli/runs.py)
     clawgym replay RUN --table OTHER                         # only the table, labelled by folder name
 
 `recipes/retrain-offline.sh` wraps the first; an `[offline] from_run` recipe (loop.py) takes its
@@ -28,7 +28,7 @@ from typing import Any
 
 from clawgym.artifacts import read_jsonl
 from clawgym.errors import UserError
-from clawgym.fields import key_values
+from clawgym.fields import from_text, typed
 from clawgym.layout import RunLayout, StepLayout
 from clawgym.train.config import PER_CALL, TrainConfig
 from clawgym.train.step_metrics import reduce_updates
@@ -37,33 +37,29 @@ FILLED = PER_CALL
 """TrainConfig fields a replay fills per step (where the batch is, where to write): never recorded settings."""
 
 
-def _coerce(key: str, value: Any) -> Any:
-    """An override's value as its TrainConfig field's type (a JSON 8 for a float field is 8.0)."""
-    hint = typing.get_type_hints(TrainConfig)[key]
-    kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    kind = kinds[0]
-    if value is None and type(None) in typing.get_args(hint):
-        return None
-    if kind is Path and isinstance(value, str):
-        return Path(value)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is str and not isinstance(value, str):
-        return str(value)  # e.g. lora_targets=1 is a module name, not a number
-    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-        raise UserError(f"train setting '{key}' must be {kind.__name__}, got {value!r}")
-    return value
+def _setting(key: str, value: Any) -> Any:
+    """A train setting's value as its TrainConfig field's type (a JSON 8 for a float field is 8.0)."""
+    return typed(value, typing.get_type_hints(TrainConfig)[key], f"train setting '{key}'")
 
 
 def parse_overrides(items: list[str] | dict[str, Any]) -> dict[str, Any]:
     """KEY=VALUE items (or a recipe's [train] table) as typed TrainConfig overrides; an unknown or
     per-step key is a UserError naming it."""
-    raw = dict(items) if isinstance(items, dict) else key_values(list(items), "a replay setting")
+    hints = typing.get_type_hints(TrainConfig)
     known = {f.name for f in dataclasses.fields(TrainConfig)} - set(FILLED)
+    if isinstance(items, dict):
+        raw = dict(items)
+    else:
+        raw = {}
+        for item in items:
+            key, eq, text = item.partition("=")
+            if not eq or not key:
+                raise UserError(f"a replay setting expects KEY=VALUE, got {item!r}")
+            raw[key] = from_text(text, hints.get(key, Any))
     for key in raw:
         if key not in known:
             raise UserError(f"unknown train setting '{key}'; known: {', '.join(sorted(known))}")
-    return {k: _coerce(k, v) for k, v in raw.items()}
+    return {k: _setting(k, v) for k, v in raw.items()}
 
 
 def recorded(run: RunLayout, step: int) -> dict[str, Any]:
@@ -99,8 +95,7 @@ def recorded(run: RunLayout, step: int) -> dict[str, Any]:
 def train_kwargs(run: RunLayout, step: int, overrides: dict[str, Any]) -> dict[str, Any]:
     """The TrainConfig settings (no per-step paths) for replaying `step`: the recorded ones, then `overrides`."""
     settings = {k: v for k, v in recorded(run, step).items() if k not in FILLED}
-    typed = {k: _coerce(k, v) for k, v in settings.items()}
-    return {**typed, **overrides}
+    return {**{k: _setting(k, v) for k, v in settings.items()}, **overrides}
 
 
 def run_steps(run: RunLayout) -> list[int]:
@@ -132,7 +127,7 @@ def change_line(run: RunLayout, steps: list[int], overrides: dict[str, Any], mod
     """One line: what the replay changes from what the run recorded, or that it changes nothing."""
     changes = []
     for key, value in overrides.items():
-        before = sorted({_show(_coerce(key, recorded(run, s).get(key))) for s in steps})
+        before = sorted({_show(_setting(key, recorded(run, s).get(key))) for s in steps})
         if before != [_show(value)]:
             changes.append(f"{key} {'/'.join(before)} → {_show(value)}")
     if model is not None and Path(model).resolve() != start_policy(run).resolve():

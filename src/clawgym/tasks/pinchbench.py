@@ -96,6 +96,29 @@ def _pinch_rubric(sections: dict[str, str]) -> str | None:
     return write_rubric(criteria, preamble)
 
 
+def _workspace_files(draft: TaskDraft, fm: dict, md: Path, assets: Path | str) -> None:
+    """The front matter's workspace_files into the draft: inline texts, and assets copied from the
+    assets root (`assets` is a string saying why it may not be used)."""
+    for i, wf in enumerate(sequence(fm.get("workspace_files"), f"{md}: field 'workspace_files'")):
+        where = f"{md}: workspace_files[{i}]"
+        if not isinstance(wf, dict):
+            raise UserError(f"{where}: must be a mapping with path+content or source+dest")
+        if "content" in wf:
+            dest = str(safe_relpath(str(wf.get("path", "")), f"{where} field 'path'"))
+            draft.workspace_text[dest] = str(wf["content"])
+        elif "source" in wf:
+            src_rel = safe_relpath(str(wf["source"]), f"{where} field 'source'")
+            dest = str(safe_relpath(str(wf.get("dest") or src_rel.name), f"{where} field 'dest'"))
+            if isinstance(assets, str):
+                raise UserError(f"{where}: {assets}")
+            src = assets.joinpath(*src_rel.parts)
+            if not src.exists():
+                raise UserError(f"{where}: asset '{wf['source']}' not found under {assets}")
+            draft.workspace_copy[dest] = inside(src, assets, f"{where} asset '{wf['source']}'")
+        else:
+            raise UserError(f"{where}: needs 'path'+'content' or 'source'+'dest'")
+
+
 def _pinch_draft(md: Path, assets: Path | str, categories: dict[str, str], version: str) -> TaskDraft:
     """One task file -> a draft. `assets` is the assets root, or why it may not be used."""
     text = read_text(inside(md, md.parent, str(md)))  # a task file linked out of its folder would be read in
@@ -130,24 +153,7 @@ def _pinch_draft(md: Path, assets: Path | str, categories: dict[str, str], versi
     timeout = number(fm.get("timeout_seconds", 600), f"{md}: field 'timeout_seconds'", positive=True)
 
     draft = TaskDraft(id=task_id, instruction="", toml={})
-    for i, wf in enumerate(sequence(fm.get("workspace_files"), f"{md}: field 'workspace_files'")):
-        where = f"{md}: workspace_files[{i}]"
-        if not isinstance(wf, dict):
-            raise UserError(f"{where}: must be a mapping with path+content or source+dest")
-        if "content" in wf:
-            dest = str(safe_relpath(str(wf.get("path", "")), f"{where} field 'path'"))
-            draft.workspace_text[dest] = str(wf["content"])
-        elif "source" in wf:
-            src_rel = safe_relpath(str(wf["source"]), f"{where} field 'source'")
-            dest = str(safe_relpath(str(wf.get("dest") or src_rel.name), f"{where} field 'dest'"))
-            if isinstance(assets, str):
-                raise UserError(f"{where}: {assets}")
-            src = assets.joinpath(*src_rel.parts)
-            if not src.exists():
-                raise UserError(f"{where}: asset '{wf['source']}' not found under {assets}")
-            draft.workspace_copy[dest] = inside(src, assets, f"{where} asset '{wf['source']}'")
-        else:
-            raise UserError(f"{where}: needs 'path'+'content' or 'source'+'dest'")
+    _workspace_files(draft, fm, md, assets)
 
     sessions = []
     for i, s in enumerate(sequence(fm.get("sessions"), f"{md}: field 'sessions'")):

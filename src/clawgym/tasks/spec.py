@@ -219,39 +219,8 @@ def _strict(table: dict, allowed: set[str], where: str) -> None:
         raise UserError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {', '.join(sorted(allowed))}")
 
 
-def load_task(path: str | os.PathLike) -> Task:
-    """Load and validate one native task folder."""
-    root = Path(path).absolute()
-    label = str(root)
-    if not root.is_dir():
-        raise UserError(f"{label}: not a task folder (no such directory)")
-    toml_path = root / "task.toml"
-    if not toml_path.is_file():
-        raise UserError(f"{label}: missing task.toml")
-    check_tree(root, label)  # before reading anything: task.toml itself may be a link leading out
-    try:
-        doc = tomllib.loads(read_text(toml_path, f"{label}/task.toml"))
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{label}/task.toml: not valid TOML ({e})") from None
-
-    meta = _table(doc, "metadata", f"{label}/task.toml")
-    agent = _table(doc, "agent", f"{label}/task.toml")
-    verifier = _table(doc, "verifier", f"{label}/task.toml")
-    env = _table(doc, "environment", f"{label}/task.toml")
-    claw = _table(doc, "claw", f"{label}/task.toml")
-    w = f"{label}/task.toml"
-
-    task_id = _get(meta, "id", str, f"{w} [metadata]", root.name)
-    if not TASK_ID_RE.match(task_id):
-        raise UserError(f"{w} [metadata]: field 'id' {task_id!r} must match {TASK_ID_RE.pattern}")
-
-    instr_path = root / "instruction.md"
-    if not instr_path.is_file():
-        raise UserError(f"{label}: missing instruction.md")
-    instruction = read_text(instr_path, f"{label}/instruction.md")
-    if not instruction.strip():
-        raise UserError(f"{label}/instruction.md: is empty")
-
+def _claw_section(claw: dict, w: str) -> tuple[list, list, list[Session]]:
+    """[claw]: the task's needs, tools and follow-up sessions, checked."""
     _strict(claw, {"needs", "tools", "sessions", "transcript_format"}, f"{w} [claw]")
     needs = _get(claw, "needs", list, f"{w} [claw]", [])
     bad = [n for n in needs if n not in NEEDS]
@@ -268,7 +237,12 @@ def load_task(path: str | os.PathLike) -> Task:
         if not text or not text.strip():
             raise UserError(f"{sw}: field 'instruction' is missing or empty")
         sessions.append(Session(_get(s, "name", str, sw, f"session_{i + 1}"), text, _get(s, "new_session", bool, sw, False)))
+    return needs, tools, sessions
 
+
+def _scoring(root: Path, verifier: dict, label: str, w: str) -> tuple[str, Rubric | None, float, float, float, float | None]:
+    """[verifier] and tests/: the check's kind, the rubric, the code and rubric weights (before
+    normalizing), the gate and the no-op baseline, each checked against what the folder holds."""
     kind_default = "check" if (root / "tests" / "check.py").is_file() else "harbor" if (root / "tests" / "test.sh").is_file() else "none"
     _strict(verifier, {"timeout_sec", "kind", "weights", "baseline", "env", "user"}, f"{w} [verifier]")
     kind = _get(verifier, "kind", str, f"{w} [verifier]", kind_default)
@@ -302,9 +276,47 @@ def load_task(path: str | os.PathLike) -> Task:
         raise UserError(f"{ww}: 'rubric' is {rubric_w} but the task has no tests/rubric.md")
     if not 0 <= gate <= 1:
         raise UserError(f"{ww}: 'gate' must be in [0, 1], got {gate}")
-    total = code_w + rubric_w
     baseline = _get(verifier, "baseline", dict, f"{w} [verifier]", {})
     noop = _get(baseline, "noop", (int, float), f"{w} [verifier.baseline]", None)
+    return kind, rubric, code_w, rubric_w, gate, noop
+
+
+def load_task(path: str | os.PathLike) -> Task:
+    """Load and validate one native task folder."""
+    root = Path(path).absolute()
+    label = str(root)
+    if not root.is_dir():
+        raise UserError(f"{label}: not a task folder (no such directory)")
+    toml_path = root / "task.toml"
+    if not toml_path.is_file():
+        raise UserError(f"{label}: missing task.toml")
+    check_tree(root, label)  # before reading anything: task.toml itself may be a link leading out
+    try:
+        doc = tomllib.loads(read_text(toml_path, f"{label}/task.toml"))
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{label}/task.toml: not valid TOML ({e})") from None
+
+    meta = _table(doc, "metadata", f"{label}/task.toml")
+    agent = _table(doc, "agent", f"{label}/task.toml")
+    verifier = _table(doc, "verifier", f"{label}/task.toml")
+    env = _table(doc, "environment", f"{label}/task.toml")
+    claw = _table(doc, "claw", f"{label}/task.toml")
+    w = f"{label}/task.toml"
+
+    task_id = _get(meta, "id", str, f"{w} [metadata]", root.name)
+    if not TASK_ID_RE.match(task_id):
+        raise UserError(f"{w} [metadata]: field 'id' {task_id!r} must match {TASK_ID_RE.pattern}")
+
+    instr_path = root / "instruction.md"
+    if not instr_path.is_file():
+        raise UserError(f"{label}: missing instruction.md")
+    instruction = read_text(instr_path, f"{label}/instruction.md")
+    if not instruction.strip():
+        raise UserError(f"{label}/instruction.md: is empty")
+
+    needs, tools, sessions = _claw_section(claw, w)
+
+    kind, rubric, code_w, rubric_w, gate, noop = _scoring(root, verifier, label, w)
 
     agent_t = _get(agent, "timeout_sec", (int, float), f"{w} [agent]", DEFAULT_AGENT_TIMEOUT_S)
     ver_t = _get(verifier, "timeout_sec", (int, float), f"{w} [verifier]", DEFAULT_VERIFIER_TIMEOUT_S)
@@ -324,8 +336,8 @@ def load_task(path: str | os.PathLike) -> Task:
         agent_timeout_s=float(agent_t),
         verifier_timeout_s=float(ver_t),
         verifier_kind=kind,
-        code_weight=code_w / total,
-        rubric_weight=rubric_w / total,
+        code_weight=code_w / (code_w + rubric_w),
+        rubric_weight=rubric_w / (code_w + rubric_w),
         gate=float(gate),
         noop_score=noop,
         needs=frozenset(needs),

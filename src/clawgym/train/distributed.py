@@ -28,12 +28,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import typing
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
 from clawgym.errors import UserError
+from clawgym.fields import typed
 from clawgym.train.config import TrainConfig
 
 TIMEOUT_S = float(os.environ.get("CLAWGYM_DIST_TIMEOUT_S", "600"))
@@ -194,5 +196,5 @@ def launch(cfg: Any, processes: int, accelerate_config: Path | None = None) -> N
 def read_spec(path: Path):
     """The TrainConfig `write_spec` wrote."""
     raw = json.loads(Path(path).read_text())
-    hints = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: Path(v) if v is not None and "Path" in hints[k] else v for k, v in raw.items()})
+    hints = typing.get_type_hints(TrainConfig)
+    return TrainConfig(**{k: typed(v, hints[k], f"{path}: '{k}'") for k, v in raw.items()})

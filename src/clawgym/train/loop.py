@@ -45,8 +45,7 @@ __all__ = ["TrainConfig", "TrainResult", "train", "main"]
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> TrainResult:
-    """Train on one step's trees; `console` gets the progress lines (default: the shared stderr
-    console; `clawgym run` passes a quiet one unless --verbose)."""
+    """Train on one step's trees; progress lines go to `console` (default stderr; `clawgym run`'s is quiet)."""
     cfg.validate()
     setup.check_environment(cfg)
     console = console or shared_console.STDERR

@@ -1,0 +1,5 @@
+"""`python -m clawgym.cli`: the `clawgym` command."""
+
+from clawgym.cli import main
+
+main()
