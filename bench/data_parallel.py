@@ -1,7 +1,7 @@
 """Benchmark what a second data-parallel rank costs: `clawgym train` under torchrun on 1 and 2 ranks.
 
 The step is made as a user makes one: `clawgym init-model --size small`, a scripted agentloop
-rollout of the toy tasks with `--n 8` and answers of uneven length (digits and letters mixed, so
+rollout of the toy tasks with `--group-size 8` and answers of uneven length (digits and letters mixed, so
 the GRPO groups have signal), `build-trees`; two shapes: short answers (1-8 words), where the
 harness's shared prompt is most of the step, and long ones (1-200 words). The same `clawgym train
 STEP --algo grpo --epochs E` then runs under `torchrun --standalone --nproc_per_node N` with OMP_NUM_THREADS=1, N = 1 and 2,
@@ -14,7 +14,7 @@ seconds (user + system of torchrun and every rank, from the kernel) of 2 ranks t
 checks the two runs' weights agree.
 
     python3 bench/data_parallel.py                   # 24 epochs, DDP and FSDP, two shapes: about 15 min on 2 cores
-    python3 bench/data_parallel.py --small           # seconds: 1 epoch, --n 2, DDP only
+    python3 bench/data_parallel.py --small           # seconds: 1 epoch, --group-size 2, DDP only
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def make_step(scratch: Path, n: int, seed: int = 0, max_words: int = 60) -> tupl
         answers.append(" ".join(str(rng.randint(0, 999)) if rng.random() < rng.random() else "abc" for _ in range(words)))
     script = scratch / "answers.jsonl"
     script.write_text("".join(json.dumps({"rollout_id": "*", "text": a}) + "\n" for a in answers))
-    clawgym("rollout", "--tasks", str(TOY), "--harness", "agentloop", "--n", str(n), "--model", str(model),
+    clawgym("rollout", "--tasks", str(TOY), "--harness", "agentloop", "--group-size", str(n), "--model", str(model),
             "--engine", "scripted", "--script", str(script), "--out", str(step), cwd=scratch)
     clawgym("build-trees", str(step), cwd=scratch)
     return model, step
@@ -113,14 +113,14 @@ def row(words: int, mode: str, rank: int, run: dict, one: dict | None, dw: float
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=24)
-    ap.add_argument("--n", type=int, default=8, help="rollouts per toy task")
+    ap.add_argument("--group-size", type=int, default=8, help="rollouts per toy task")
     ap.add_argument("--no-fsdp", action="store_true", help="DDP only")
     ap.add_argument("--words", default="8,200", help="the most words of an answer, one step shape each, comma-separated")
-    ap.add_argument("--small", action="store_true", help="a smoke run in seconds: 1 epoch, --n 2, DDP only")
+    ap.add_argument("--small", action="store_true", help="a smoke run in seconds: 1 epoch, --group-size 2, DDP only")
     a = results_md.parse(ap)
     if a.small:
-        a.epochs, a.n, a.no_fsdp, a.words = 1, 2, True, "8"
-    print(f"`clawgym train --algo grpo --epochs {a.epochs}` on {a.n} agentloop rollouts of each of the "
+        a.epochs, a.group_size, a.no_fsdp, a.words = 1, 2, True, "8"
+    print(f"`clawgym train --algo grpo --epochs {a.epochs}` on {a.group_size} agentloop rollouts of each of the "
           f"{len(list(TOY.iterdir()))} toy tasks (the small model), under torchrun, OMP_NUM_THREADS=1, {os.cpu_count()} CPUs",
           flush=True)
     header = ("| answers | mode | ranks | CPU s | wall s | " + " | ".join(f"rank CPU s: {p}" for p in PHASES)
@@ -128,7 +128,7 @@ def main() -> int:
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for words in (int(w) for w in a.words.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
-            rows += measure(Path(tmp), words, a.n, a.epochs, a.no_fsdp)
+            rows += measure(Path(tmp), words, a.group_size, a.epochs, a.no_fsdp)
     print()
     print("\n".join(rows))
     print("\nCPU s: user + system seconds of torchrun and all its ranks (the kernel's rusage); a rank's phases "

@@ -31,7 +31,7 @@ import results_md  # bench/results_md.py: --write-results
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.toml"
 MODES = {"nocache": ["engine.prefix_cache=false"], "cache": []}
-SMALL = ["sft.epochs=2", "rollout.tasks_per_step=2", "rollout.n=2", "eval.every=0"]
+SMALL = ["sft.epochs=2", "rollout.tasks_per_step=2", "rollout.group_size=2", "eval.every=0"]
 """--small: a short cold start, one step of 4 rollouts, no evaluation"""
 
 

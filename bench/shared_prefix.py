@@ -66,7 +66,7 @@ def measure(name: str, work: Path, model: Path, tokenizer) -> dict:
         for rid in rids:
             for _ in range(4):
                 f.write(json.dumps({"rollout_id": rid, "text": "Done."}) + "\n")
-    config = RolloutConfig(tasks=work / "tasks", harnesses=[harness], out=out, n=2, concurrency=2, model=model,
+    config = RolloutConfig(tasks=work / "tasks", harnesses=[harness], out=out, group_size=2, concurrency=2, model=model,
                            engine="scripted", engine_options={"script": str(script)}, harness_options={harness: options})
     t0 = time.monotonic()
     run_rollouts(config)

@@ -70,8 +70,8 @@ if [ ${#policies[@]} -eq 0 ]; then
   exit 1
 fi
 
-cmd=("$CLAWGYM" compare "${policies[@]}" --tasks "$TASKS" --harness "$HARNESSES" --n "$N"
-     --concurrency "$CONCURRENCY" --timeout "$TIMEOUT" --max-calls "$MAX_CALLS" "${OPTIONS[@]}" --out "$OUT")
+cmd=("$CLAWGYM" compare "${policies[@]}" --tasks "$TASKS" --harness "$HARNESSES" --samples-per-task "$N"
+     --concurrency "$CONCURRENCY" --rollout-timeout "$TIMEOUT" --max-calls "$MAX_CALLS" "${OPTIONS[@]}" --out "$OUT")
 if [ -n "${DRY_RUN:-}" ]; then  # print the command, one word a line, and run nothing
   printf '%s\n' "${cmd[@]}"
   exit 0

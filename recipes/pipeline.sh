@@ -35,7 +35,7 @@ LR="${LR:-0.03}"                            # high, for a random tiny model (doc
 EVAL_N="${EVAL_N:-2}"                       # eval samples per task
 PORT="${PORT:-0}"                           # the proxy's port; 0 picks a free one
 
-ROLLOUT_OPTIONS=(--harness "$HARNESS" --concurrency "$CONCURRENCY" --timeout "$TIMEOUT"
+ROLLOUT_OPTIONS=(--harness "$HARNESS" --concurrency "$CONCURRENCY" --rollout-timeout "$TIMEOUT"
                  --harness-option "agentloop.max_turns=$MAX_TURNS" --harness-option "agentloop.max_tokens=$MAX_TOKENS")
 mkdir -p "$RUN_DIR"
 
@@ -103,7 +103,7 @@ for ((step = first; step <= STEPS; step++)); do
   mkdir -p "$dir"
   echo "=== step $step/$STEPS" >&2
   # N rollouts per task in sandboxes, scored: rollouts.parquet and calls.parquet (exact tokens).
-  [ -f "$dir/rollout.json" ] || stage "$dir/rollout.json" clawgym rollout --tasks "$TASKS" --n "$N" \
+  [ -f "$dir/rollout.json" ] || stage "$dir/rollout.json" clawgym rollout --tasks "$TASKS" --group-size "$N" \
     "${ROLLOUT_OPTIONS[@]}" --step "$step" --proxy "$PROXY_URL" --records "$RUN_DIR/records" --out "$dir"
   # each rollout's calls as one prefix tree over token ids: trees.parquet
   [ -f "$dir/trees.json" ] || stage "$dir/trees.json" \
@@ -124,7 +124,7 @@ stop
 printf -v eval_dir '%s/eval/step-%04d' "$RUN_DIR" "$STEPS"
 mkdir -p "$eval_dir"
 [ -f "$eval_dir/result.json" ] || stage "$eval_dir/result.json" clawgym eval --tasks "$TASKS" --model "$policy" \
-  --n "$EVAL_N" "${ROLLOUT_OPTIONS[@]}" --out "$eval_dir"
+  --samples-per-task "$EVAL_N" "${ROLLOUT_OPTIONS[@]}" --out "$eval_dir"
 clawgym inspect "$RUN_DIR"
 python3 -c 'import json, sys; print("done: final policy {}, Pass@1 {:.3f}".format(sys.argv[2], json.load(open(sys.argv[1]))["pass@1"]))' \
   "$eval_dir/result.json" "$policy" >&2

@@ -55,7 +55,7 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     ("[trian]\nlr = 0.1\n", "unknown section [trian] (did you mean 'train'?); known: engine,"),
     ("[eval]\nevrey = 2\n", "[eval]: unknown key 'evrey' (did you mean 'every'?); known:"),
     ("[rollout.agentlop]\nmax_tokens = 8\n", "[rollout]: unknown key 'agentlop' (did you mean 'agentloop'?)"),
-    ("[sft]\nn = -1\n", "[sft] key 'n' must be at least 0, got -1"),
+    ("[sft]\ndemonstrations = -1\n", "[sft] key 'demonstrations' must be >= 0, got -1"),
 ])
 def test_recipe_errors_print_brackets_and_suggest_the_closest_key(tmp_path: Path, body: str, message: str) -> None:
     line = one_line_error(clawgym("run", str(small_recipe(tmp_path, body)), cwd=tmp_path))
@@ -71,7 +71,7 @@ def test_recipe_errors_print_brackets_and_suggest_the_closest_key(tmp_path: Path
     ("train.kl_coef=0.1", "[train] key 'kl_coef' > 0 needs 'ref_model'"),
     ("rollout.agentloop.max_tokns=8", "[rollout.agentloop]: unknown key 'max_tokns' (did you mean 'max_tokens'?)"),
     ("rollout.agentloop.max_tokens=0", "[rollout.agentloop]: agentloop option 'max_tokens' must be an integer >= 1, got 0"),
-    ("rollout.n=many", "[rollout] key 'n' must be int, got str 'many'"),
+    ("rollout.group_size=many", "[rollout] key 'group_size' must be int, got str 'many'"),
     ("trian.lr=1", "override 'trian.lr=1': unknown section [trian] (did you mean 'train'?)"),
     ("lr=1", "override 'lr=1': expected SECTION.KEY=VALUE"),
 ])
@@ -97,7 +97,7 @@ def test_an_empty_task_folder_stops_the_run_before_it_writes(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("override,message", [
-    ("rollout.n=-3", "[rollout] key 'n' must be >= 1, got -3"),
+    ("rollout.group_size=-3", "[rollout] key 'group_size' must be >= 1, got -3"),
     ("engine.name=nope", "[engine] key 'name': unknown engine 'nope'"),
     ("rollout.concurrency=0", "[rollout] key 'concurrency' must be >= 1, got 0"),
 ])
@@ -162,16 +162,16 @@ def test_overrides_are_typed_by_their_field(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_run_records_its_overrides_and_resume_counts_them(tmp_path: Path) -> None:
     recipe = small_recipe(tmp_path)
-    proc = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", cwd=tmp_path, timeout=600)
+    proc = clawgym("run", str(recipe), "rollout.group_size=2", "train.lr=0.01", "run.name=over", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = (tmp_path / "runs" / "over" / "recipe.toml").read_text()
-    assert "lr = 0.01" in saved and "n = 2" in saved
+    assert "lr = 0.01" in saved and "group_size = 2" in saved
     config = orjson.loads((tmp_path / "runs" / "over" / "step-0001" / "rollout.config.json").read_bytes())
     assert config["harness_options"]["agentloop"]["max_tokens"] == 4  # a setting named *tokens* is not a secret
     # the same overrides resume; a changed one is the changed recipe a resume refuses
-    again = clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.01", "run.name=over", "--resume", cwd=tmp_path, timeout=600)
+    again = clawgym("run", str(recipe), "rollout.group_size=2", "train.lr=0.01", "run.name=over", "--resume", cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    line = one_line_error(clawgym("run", str(recipe), "rollout.n=2", "train.lr=0.02", "run.name=over", "--resume", cwd=tmp_path))
+    line = one_line_error(clawgym("run", str(recipe), "rollout.group_size=2", "train.lr=0.02", "run.name=over", "--resume", cwd=tmp_path))
     assert line.endswith("and its overrides (train.lr): a run resumes with the recipe it started with (--force starts it anew)"), line
 
 
@@ -212,7 +212,7 @@ def step_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path
     """A step directory with rollouts, calls and trees of two scripted rollouts on one toy task."""
     tmp = tmp_path_factory.mktemp("step")
     out = tmp / "step-0001"
-    proc = clawgym("rollout", "--tasks", str(_one_task(tmp)), "--harness", "agentloop", "--n", "2", "--model", str(tiny_model),
+    proc = clawgym("rollout", "--tasks", str(_one_task(tmp)), "--harness", "agentloop", "--group-size", "2", "--model", str(tiny_model),
                    "--engine", "scripted", "--script", str(_script(tmp / "s.jsonl", 0.0)), "--out", str(out), cwd=tmp, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = clawgym("build-trees", str(out), cwd=tmp)
@@ -246,7 +246,7 @@ def _assert_stopped(code: int, err: str, sig: int, then: str = "") -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_rollout_stops_on_a_signal_with_the_shells_status(tmp_path: Path, tiny_model: Path, sig: int) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(CLI + ["rollout", "--tasks", str(_one_task(tmp_path)), "--harness", "agentloop", "--n", "2",
+    proc = subprocess.Popen(CLI + ["rollout", "--tasks", str(_one_task(tmp_path)), "--harness", "agentloop", "--group-size", "2",
                                    "--model", str(tiny_model), "--engine", "scripted", "--script",
                                    str(_script(tmp_path / "s.jsonl", 60.0)), "--out", str(out)],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -268,10 +268,10 @@ def test_train_stops_on_sigterm_with_143(tmp_path: Path, tiny_model: Path, step_
 @pytest.mark.slow
 def test_run_stops_on_sigterm_with_143(tmp_path: Path) -> None:
     recipe = small_recipe(tmp_path)
-    proc = subprocess.Popen(CLI + ["run", str(recipe), "rollout.n=2"], cwd=tmp_path, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(CLI + ["run", str(recipe), "rollout.group_size=2"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     code, err = _stop_when(proc, (tmp_path / "runs" / "edge" / "recipe.toml").exists, signal.SIGTERM)
-    _assert_stopped(code, err, signal.SIGTERM, f"; continue with: clawgym run {recipe} rollout.n=2 --resume")
+    _assert_stopped(code, err, signal.SIGTERM, f"; continue with: clawgym run {recipe} rollout.group_size=2 --resume")
 
 
 def test_a_sigterm_that_the_interrupted_code_wraps_still_stops_with_143(monkeypatch) -> None:
@@ -310,8 +310,8 @@ def _copy_step(step_dir: Path, tmp: Path) -> Path:
 def test_a_rollout_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path: Path, tiny_model: Path, step_dir: Path) -> None:
     out = _copy_step(step_dir, tmp_path)
     before = (out / "rollouts.parquet").read_bytes()
-    proc = clawgym("rollout", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--n", "1", "--model",
-                   str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--timeout", "90",
+    proc = clawgym("rollout", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--group-size", "1", "--model",
+                   str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--rollout-timeout", "90",
                    "--out", str(out), cwd=tmp_path)
     line = one_line_error(proc)
     assert "was made with other settings (n: 2 → 1; timeout_s: " in line and "or pass --force to start over" in line, line
@@ -323,7 +323,7 @@ def test_an_eval_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path: 
     out = _copy_step(step_dir, tmp_path)
     (out / "trees.parquet").unlink()  # a folder of rollouts alone (eval refuses a training step's folder outright)
     before = (out / "rollouts.parquet").read_bytes()
-    proc = clawgym("eval", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--n", "1", "--model",
+    proc = clawgym("eval", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--samples-per-task", "1", "--model",
                    str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--out", str(out),
                    cwd=tmp_path)
     line = one_line_error(proc)
@@ -337,11 +337,11 @@ def test_a_rollout_rerun_with_the_same_settings_resumes_and_force_starts_over(tm
     out = _copy_step(step_dir, tmp_path)
     args = ["rollout", "--tasks", str(step_dir.parent / "tasks"), "--harness", "agentloop", "--model", str(tiny_model),
             "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--out", str(out)]
-    proc = clawgym(*args, "--n", "2", cwd=tmp_path, timeout=300)
+    proc = clawgym(*args, "--group-size", "2", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{out}: same settings as its rollouts; resuming (finished rollouts kept)" in proc.stderr
     assert len(A.read_table(out / "rollouts.parquet", A.RolloutRecord)) == 2
-    proc = clawgym(*args, "--n", "1", "--force", cwd=tmp_path, timeout=300)
+    proc = clawgym(*args, "--group-size", "1", "--force", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(A.read_table(out / "rollouts.parquet", A.RolloutRecord)) == 1
     assert not (out / "trees.parquet").exists()  # made from the old rollouts: gone with them
@@ -616,7 +616,7 @@ def test_a_typo_is_refused_before_the_output_folder_exists_so_the_corrected_comm
     from helpers import script
 
     script(tmp_path / "answers.jsonl", {"*": ["42"] * 4})
-    base = ["rollout", "--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--n", "1",
+    base = ["rollout", "--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--group-size", "1",
             "--model", str(tiny_model), "--out", "step"]
     r = clawgym(*base, *typo, cwd=tmp_path)
     lines = r.stderr.strip().splitlines()
@@ -638,8 +638,8 @@ def test_a_stage_whose_rollouts_all_failed_for_infrastructure_exits_1_naming_the
     from helpers import script
 
     script(tmp_path / "down.jsonl", {"*": [{"error": "the engine is down"}] * 8})
-    base = ["--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--n", "2", "--model", str(tiny_model),
-            "--engine", "scripted", "--script", "down.jsonl"]
+    base = ["--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--group-size", "2", "--model",
+            str(tiny_model), "--engine", "scripted", "--script", "down.jsonl"]
     for command in ("rollout", "eval"):
         r = clawgym(command, *base, "--out", command, cwd=tmp_path)
         lines = r.stderr.strip().splitlines()
@@ -650,10 +650,10 @@ def test_a_stage_whose_rollouts_all_failed_for_infrastructure_exits_1_naming_the
 
 
 def test_a_negative_timeout_is_refused_before_anything_runs(tmp_path: Path, tiny_model: Path) -> None:
-    r = clawgym("rollout", "--tasks", str(TOY), "--harness", "agentloop", "--model", str(tiny_model), "--timeout", "-5",
+    r = clawgym("rollout", "--tasks", str(TOY), "--harness", "agentloop", "--model", str(tiny_model), "--rollout-timeout", "-5",
                 "--out", "step", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
-        "error: --timeout ([rollout] timeout_s) must be a positive number of seconds, got -5"), r.stderr
+        "error: --rollout-timeout ([rollout] timeout_s) must be a positive number of seconds, got -5"), r.stderr
     assert not (tmp_path / "step" / "rollouts.parquet").exists()
 
 
@@ -700,7 +700,7 @@ def test_a_rerun_over_changed_tasks_or_weights_at_the_same_paths_is_refused(tmp_
     shutil.copytree(TOY / "numbers-0", tasks / "numbers-0")
     shutil.copytree(tiny_model, model)
     script(tmp_path / "answers.jsonl", {"*": ["42"] * 8})
-    base = ["rollout", "--tasks", "tasks", "--harness", "agentloop", "--n", "1", "--model", "model", "--engine", "scripted",
+    base = ["rollout", "--tasks", "tasks", "--harness", "agentloop", "--group-size", "1", "--model", "model", "--engine", "scripted",
             "--out", "step"]
     assert clawgym(*base, "--script", "answers.jsonl", cwd=tmp_path).returncode == 0
     again = clawgym(*base, "--script", str(tmp_path / "answers.jsonl"), cwd=tmp_path)  # the same script, named absolutely
@@ -741,7 +741,7 @@ def test_a_crashing_check_is_its_own_status_left_out_of_groups_and_pass_at_1(tmp
     broken = sorted(tasks.iterdir())[1]
     (broken / "tests" / "check.py").write_text("import sys\nraise KeyError('the check has a bug')\n")
     script(tmp_path / "s.jsonl", {"*": ["42"] * 8})
-    base = ["--tasks", str(tasks), "--harness", "agentloop", "--n", "2", "--model", str(tiny_model), "--engine", "scripted",
+    base = ["--tasks", str(tasks), "--harness", "agentloop", "--group-size", "2", "--model", str(tiny_model), "--engine", "scripted",
             "--script", "s.jsonl"]
     r = clawgym("rollout", *base, "--out", "step", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -72,7 +72,7 @@ def test_teacher_trajectories_go_through_proxy_and_harness_and_sft_trains_on_the
     make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
     step = tmp_path / "sft"
     summary = run_rollouts(RolloutConfig(
-        tasks=tmp_path / "tasks", harnesses=["agentloop"], out=step, n=1, concurrency=3, model=tiny_model,
+        tasks=tmp_path / "tasks", harnesses=["agentloop"], out=step, group_size=1, concurrency=3, model=tiny_model,
         engine="teacher", engine_options={"family": "lookup"}, timeout_s=120,
         harness_options={"agentloop": {"max_turns": 4, "max_tokens": 64}}), Console(stderr=True))
     assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
@@ -175,7 +175,7 @@ def teacher_calls_through(harness: str, model: Path, tmp_path: Path, step: Path,
     make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
     config = {"engine_options": {"family": "lookup", "max_context": 65536}, "timeout_s": 300} | config
     summary = run_rollouts(RolloutConfig(
-        tasks=tmp_path / "tasks", harnesses=[harness], out=step, n=1, concurrency=3, model=model, engine="teacher", **config),
+        tasks=tmp_path / "tasks", harnesses=[harness], out=step, group_size=1, concurrency=3, model=model, engine="teacher", **config),
         Console(stderr=True))
     assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
     return [c for line in (step / "transcripts.jsonl").read_text().splitlines()
@@ -248,7 +248,7 @@ def test_the_teacher_answers_in_the_served_templates_own_call_form_smollm2(smoll
     make_tasks("lookup", tmp_path / "tasks", n=3, seed=0, split="train")
     step = tmp_path / "sft"
     summary = run_rollouts(RolloutConfig(
-        tasks=tmp_path / "tasks", harnesses=["agentloop"], out=step, n=1, concurrency=3, model=smollm2_model,
+        tasks=tmp_path / "tasks", harnesses=["agentloop"], out=step, group_size=1, concurrency=3, model=smollm2_model,
         engine="teacher", engine_options={"family": "lookup"}, chat_template="smollm2-tools", timeout_s=120,
         harness_options={"agentloop": {"max_turns": 4, "max_tokens": 64, "tools": ["bash", "write"]}}), Console(stderr=True))
     assert [r.reward for r in summary.rollouts] == [1.0, 1.0, 1.0], [r.error for r in summary.rollouts]
@@ -271,17 +271,17 @@ def recipe(tmp_path: Path, sft: str) -> Path:
 
 
 def test_sft_section_is_checked(tmp_path: Path) -> None:
-    r = load_recipe(recipe(tmp_path, 'n = 2\nfamily = "lookup"\nepochs = 3'))
-    assert (r.sft.n, r.sft.epochs, r.sft.engine, r.sft.tasks) == (2, 3, "teacher", None)
-    for text, message in (('n = 2', "the teacher engine needs a task family"),
-                          ('n = 2\nfamily = "nope"', "needs a task family, one of: lookup"),
-                          ('n = 2\nfamily = "lookup"\nengine = "gpt"', "unknown engine 'gpt'"),
-                          ('n = 2\nfamily = "lookup"\nepochs = 0', "'epochs' must be at least 1"),
-                          ('n = 2\nfamily = "lookup"\ntasks = "missing"', "is not a directory"),
-                          ('n = 1\nsteps = 3', "unknown key 'steps'")):
+    r = load_recipe(recipe(tmp_path, 'demonstrations = 2\nfamily = "lookup"\nepochs = 3'))
+    assert (r.sft.demonstrations, r.sft.epochs, r.sft.engine, r.sft.tasks) == (2, 3, "teacher", None)
+    for text, message in (('demonstrations = 2', "the teacher engine needs a task family"),
+                          ('demonstrations = 2\nfamily = "nope"', "needs a task family, one of: lookup"),
+                          ('demonstrations = 2\nfamily = "lookup"\nengine = "gpt"', "unknown engine 'gpt'"),
+                          ('demonstrations = 2\nfamily = "lookup"\nepochs = 0', "'epochs' must be at least 1"),
+                          ('demonstrations = 2\nfamily = "lookup"\ntasks = "missing"', "is not a directory"),
+                          ('demonstrations = 1\nsteps = 3', "unknown key 'steps'")):
         with pytest.raises(UserError, match=message):
             load_recipe(recipe(tmp_path, text))
-    assert load_recipe(recipe(tmp_path, "n = 0")).sft.n == 0  # no cold start: nothing else is needed
+    assert load_recipe(recipe(tmp_path, "demonstrations = 0")).sft.demonstrations == 0  # no cold start: nothing else is needed
 
 
 @pytest.mark.slow
@@ -300,14 +300,14 @@ steps = 1
 init = "tiny"
 [rollout]
 tasks = "train"
-n = 2
-timeout = 120
+group_size = 2
+timeout_s = 120
 [rollout.agentloop]
 max_turns = 3
 max_tokens = 40
 tools = ["bash", "write"]
 [sft]
-n = 1
+demonstrations = 1
 family = "lookup"
 epochs = 1
 minibatches = 1
@@ -316,7 +316,7 @@ lr = 0.001
 [eval]
 every = 1
 tasks = "heldout"
-n = 1
+samples_per_task = 1
 """)
     r = subprocess.run([sys.executable, "-m", "clawgym.cli", "run", str(tmp_path / "r.toml")], cwd=tmp_path,
                        capture_output=True, text=True, timeout=1700)
@@ -357,7 +357,7 @@ def test_the_quickstart_recipe_loads_and_its_sft_section_round_trips() -> None:
     root = Path(__file__).resolve().parents[1]
     tasks = root / "recipes" / "tasks"
     r = load_recipe(root / "recipes" / "quickstart.toml")
-    assert (r.sft.n, r.sft.family, r.model.init) == (1, "scan", "small")
+    assert (r.sft.demonstrations, r.sft.family, r.model.init) == (1, "scan", "small")
     assert r.sft.tasks == tasks / "scan" / "demos" and r.rollout.tasks == tasks / "scan" / "train"
     assert 0 < r.rollout.tasks_per_step < 96
     assert r.eval.tasks == tasks / "scan" / "heldout" and r.eval.every > 0
@@ -383,7 +383,7 @@ def test_the_smollm2_tools_recipe_loads_and_names_its_pretrained_model_and_templ
     root = Path(__file__).resolve().parents[1]
     r = load_recipe(root / "recipes" / "smollm2-tools.toml")
     assert (r.model.init, r.model.path, r.engine.name, r.engine.chat_template) == ("smollm2-135m-instruct", None, "hf", "smollm2-tools")
-    assert (r.sft.n, r.sft.family, r.sft.tasks) == (1, "lookup", None)
+    assert (r.sft.demonstrations, r.sft.family, r.sft.tasks) == (1, "lookup", None)
     assert r.rollout.tasks == root / "recipes" / "tasks" / "lookup" / "train" and r.rollout.tasks_per_step > 0 and r.train["algo"] == "grpo"
     assert r.eval.tasks == root / "recipes" / "tasks" / "lookup" / "heldout" and r.eval.every == r.run.steps  # eval after RL
     from clawgym.run.recipe import recipe_to_toml

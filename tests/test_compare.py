@@ -58,19 +58,24 @@ def test_an_evaluation_rerun_may_add_harnesses_and_samples_but_a_training_step_m
     from clawgym.layout import StepLayout
     from clawgym.settings import rollout_rerun
 
-    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop", "claude-code"], out=tmp_path / "p", n=2)
+    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop", "claude-code"], out=tmp_path / "p", group_size=2)
     A.write_config(StepLayout(cfg.out).rollout_config, dataclasses.asdict(cfg))  # as run_rollouts records it
     said = io.StringIO()
-    grown = dataclasses.replace(cfg, harnesses=["agentloop", "codex", "claude-code"], n=3)
+    grown = dataclasses.replace(cfg, harnesses=["agentloop", "codex", "claude-code"], group_size=3)
     rollout_rerun(grown, force=False, console=Console(file=said, width=400), evaluation=True)
     assert said.getvalue().strip() == (f'{cfg.out}: same settings as its rollouts; resuming (finished rollouts kept; adding the '
-                                       f'rollouts of harnesses: ["agentloop","claude-code"] → ["agentloop","codex","claude-code"]; n: 2 → 3)')
+                                       f'rollouts of group_size: 2 → 3; harnesses: ["agentloop","claude-code"] → ["agentloop","codex","claude-code"])')
     for other, diff in ((dict(harnesses=["agentloop"]), "harnesses: "), (dict(harnesses=["agentloop", "codex"]), "harnesses: "),
-                        (dict(n=1), "n: 2 → 1"), (dict(n=3, timeout_s=5.0), "timeout_s: ")):
+                        (dict(group_size=1), "group_size: 2 → 1"), (dict(group_size=3, timeout_s=5.0), "timeout_s: ")):
         with pytest.raises(UserError, match=f"was made with other settings \\({diff}"):
             rollout_rerun(dataclasses.replace(cfg, **other), force=False, console=Console(file=io.StringIO()), evaluation=True)
-    with pytest.raises(UserError, match=r"other settings \(harnesses: .*; n: 2 → 3\)"):  # a training step's rollouts never grow
+    with pytest.raises(UserError, match=r"other settings \(group_size: 2 → 3; harnesses: .*\)"):  # a training step's rollouts never grow
         rollout_rerun(grown, force=False, console=Console(file=io.StringIO()))
+    # a record written before the group size had its name says `n`: compared as the group size
+    old = {("n" if k == "group_size" else k): v for k, v in dataclasses.asdict(cfg).items()}
+    A.write_config(StepLayout(cfg.out).rollout_config, old)
+    with pytest.raises(UserError, match=r"other settings \(group_size: 2 → 1\)"):
+        rollout_rerun(dataclasses.replace(cfg, group_size=1), force=False, console=Console(file=io.StringIO()))
 
 
 def test_the_compare_command_refuses_a_bad_policy_in_one_line(tmp_path: Path) -> None:
@@ -90,7 +95,7 @@ def test_compare_evaluates_every_policy_in_every_harness_and_resumes(tiny_model:
 
     harnesses = ["agentloop"] + (["codex"] if HARNESSES["codex"]().missing() is None else [])
     make_tasks("lookup", tmp_path / "tasks", n=2, seed=0, split="heldout")
-    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=harnesses, out=tmp_path / "unused", n=2, concurrency=4,
+    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=harnesses, out=tmp_path / "unused", group_size=2, concurrency=4,
                         engine="teacher", engine_options={"family": "lookup", "max_context": 65536}, timeout_s=300)
     out = tmp_path / "cmp"
     cells = compare({"a": tiny_model, "b": tiny_model}, cfg, out, Console(stderr=True))
@@ -103,5 +108,5 @@ def test_compare_evaluates_every_policy_in_every_harness_and_resumes(tiny_model:
     assert rows == 2 * 2 * len(harnesses)
     compare({"a": tiny_model}, cfg, out, Console(stderr=True))
     assert len(A.read_table(out / "a" / "rollouts.parquet", A.RolloutRecord)) == rows
-    with pytest.raises(UserError, match=r"was made with other settings \(n: 2 → 1\)"):
-        compare({"a": tiny_model}, dataclasses.replace(cfg, n=1), out, Console(stderr=True))
+    with pytest.raises(UserError, match=r"was made with other settings \(group_size: 2 → 1\)"):
+        compare({"a": tiny_model}, dataclasses.replace(cfg, group_size=1), out, Console(stderr=True))

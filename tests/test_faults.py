@@ -91,7 +91,7 @@ def test_proxy_sigkill_mid_rollout_then_restart(tmp_path: Path, tiny_model: Path
                                                  {"text": "Done.", "delay_s": 60}] for rid in ids})
     proxy = start_proxy(tiny_model, records, port, token, s, tmp_path / "proxy1.log")
     url = f"http://127.0.0.1:{port}"
-    cfg = RolloutConfig(tasks=tasks, harnesses=["agentloop"], out=tmp_path / "out", n=3, concurrency=3, proxy_url=url,
+    cfg = RolloutConfig(tasks=tasks, harnesses=["agentloop"], out=tmp_path / "out", group_size=3, concurrency=3, proxy_url=url,
                         admin_token=token, records=records, engine="scripted", settle_timeout_s=5)
     box: dict = {}
     runner = threading.Thread(target=lambda: box.setdefault("summary", run_rollouts(cfg)), daemon=True)
@@ -301,7 +301,7 @@ def test_engine_error_storm_retries_recorded_and_dropped_by_build_trees(tmp_path
     items = {f"storm.agentloop.{i}": [boom, boom, tool_call("bash", command="echo hi > out.txt"), boom, boom, "Done."]
              for i in range(3)}
     s = script(tmp_path / "s.jsonl", items)
-    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", n=3, concurrency=3,
+    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", group_size=3, concurrency=3,
                         model=tiny_model, engine="scripted", engine_options={"script": str(s)})
     summary = run_rollouts(cfg)
     assert [r.status for r in summary.rollouts] == ["ok"] * 3
@@ -425,7 +425,7 @@ def test_sandbox_deleted_underneath_a_rollout(tmp_path: Path, tiny_model: Path) 
         "del.agentloop.0": [tool_call("bash", command="sleep 4; echo hi > out.txt"), "Done."],
         "del.agentloop.1": [tool_call("bash", command="sleep 4; echo hi > out.txt"), "Done."],
     })
-    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", n=2, concurrency=2,
+    cfg = RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", group_size=2, concurrency=2,
                         model=tiny_model, engine="scripted", engine_options={"script": str(s)})
     box: dict = {}
     runner = threading.Thread(target=lambda: box.setdefault("summary", run_rollouts(cfg)), daemon=True)

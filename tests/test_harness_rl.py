@@ -50,9 +50,9 @@ chat_template = "smollm2-tools"
 [rollout]
 tasks = "train"
 harnesses = ["claude-code"]
-n = 2
+group_size = 2
 concurrency = 4
-timeout = 900
+timeout_s = 900
 
 [rollout.claude-code]
 max_turns = 3
@@ -60,7 +60,7 @@ max_tokens = 64
 tools = "Bash,Read,Write,Edit"
 
 [sft]
-n = 1
+demonstrations = 1
 family = "lookup"
 epochs = 4
 minibatches = 1
@@ -73,7 +73,7 @@ lr = 0.00002
 [eval]
 every = 1
 tasks = "heldout"
-n = 1
+samples_per_task = 1
 """
 
 

@@ -51,7 +51,7 @@ def batches(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> list[
     base = tmp_path_factory.mktemp("offline-batches")
     make_tasks("lookup", base / "tasks", n=2, seed=0, split="train")
     first = base / "b1"
-    run_rollouts(RolloutConfig(tasks=base / "tasks", harnesses=["agentloop"], out=first, n=3, concurrency=3, model=tiny_model,
+    run_rollouts(RolloutConfig(tasks=base / "tasks", harnesses=["agentloop"], out=first, group_size=3, concurrency=3, model=tiny_model,
                                engine="teacher", engine_options={"family": "lookup"}, timeout_s=120,
                                harness_options={"agentloop": {"max_turns": 4, "max_tokens": 64}}), QUIET)
     run_build_trees(resolve_config(first, None, None, None, 64, first / "trees.metrics.jsonl", 1), QUIET)

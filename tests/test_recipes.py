@@ -87,7 +87,7 @@ def test_the_cold_start_trains_with_the_memory_settings_of_train_but_its_own_rat
     """Teacher demonstrations are as long as the rollouts, so [train]'s activation checkpointing and
     head chunks hold for the cold start too; the optimizer's settings stay [sft]'s."""
     r = load_recipe(_recipe(tmp_path, "[train]\nlr = 0.01\nminibatches = 2\nactivation_checkpointing = false\nhead_chunk = 64\n"
-                                      "token_budget = 4096\n\n[sft]\nn = 1\nfamily = \"lookup\"\nlr = 0.5\nminibatches = 3\n"))
+                                      "token_budget = 4096\n\n[sft]\ndemonstrations = 1\nfamily = \"lookup\"\nlr = 0.5\nminibatches = 3\n"))
     sft, step = r.sft_train_config(tmp_path / "m"), r.train_config(1, tmp_path / "m")
     assert (sft.algo, sft.lr, sft.minibatches, step.lr, step.minibatches) == ("sft", 0.5, 3, 0.01, 2)
     for cfg in (sft, step):
@@ -130,10 +130,10 @@ def test_the_harness_recipes_train_smollm2_on_lookup_with_one_budget(name: str) 
     assert r.rollout.tasks == lookup / "train" and r.eval.tasks == lookup / "heldout" and r.eval.harnesses == harnesses
     teacher_tasks = r.sft.tasks_per_step or len(list((r.sft.tasks or r.rollout.tasks).iterdir()))
     trajectories, steps = SMALLER_BUDGET.get(name, (96, 10))
-    assert r.sft.n * teacher_tasks * len(harnesses) == trajectories  # SFT trajectories
-    assert r.rollout.tasks_per_step * len(harnesses) * r.rollout.n == 24  # rollouts a GRPO step
+    assert r.sft.demonstrations * teacher_tasks * len(harnesses) == trajectories  # SFT trajectories
+    assert r.rollout.tasks_per_step * len(harnesses) * r.rollout.group_size == 24  # rollouts a GRPO step
     assert (r.sft.epochs, r.sft.minibatches, r.sft.lr) == (1, 4, 1e-4)  # the short cold start: 4 updates
-    assert (r.run.steps, r.eval.every, r.eval.n, r.train["lr"]) == (steps, 5, 1, 2e-5)
+    assert (r.run.steps, r.eval.every, r.eval.samples_per_task, r.train["lr"]) == (steps, 5, 1, 2e-5)
     options = r.rollout.harness_options
     assert set(options) == set(harnesses) and all(o["max_tokens"] == 48 for o in options.values())
     if "claude-code" in harnesses:  # the one-line system prompt (bare, its default) and four tools

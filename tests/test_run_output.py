@@ -214,7 +214,7 @@ def test_a_run_prints_one_line_per_step_and_feeds_every_sink(tmp_path: Path) -> 
     # (a GRPO group of equal rewards has nothing to learn, and a 2-rollout group often has).
     recipe = write_toy_recipe(tmp_path, "out", algo="ppo", steps=2, n=2, tasks=2, max_tokens=4, concurrency=4,
                               train_extra="epochs = 2\nminibatches = 2")
-    recipe.write_text(recipe.read_text() + '\n[eval]\nevery = 2\nn = 1\n\n[log]\ntensorboard = true\n'
+    recipe.write_text(recipe.read_text() + '\n[eval]\nevery = 2\nsamples_per_task = 1\n\n[log]\ntensorboard = true\n'
                       'wandb = {project = "clawgym-test", mode = "offline"}\n')
     proc = subprocess.run([sys.executable, "-m", "clawgym.cli", "run", str(recipe)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=900)

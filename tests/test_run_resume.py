@@ -183,7 +183,7 @@ def test_eval_inside_the_loop_and_standalone(tmp_path: Path) -> None:
     import json
 
     recipe = write_recipe(tmp_path, "evals", steps=1, n=2, algo="ppo")  # PPO: the step trains whatever the rewards
-    recipe.write_text(recipe.read_text() + "\n[eval]\nevery = 1\nn = 2\n")
+    recipe.write_text(recipe.read_text() + "\n[eval]\nevery = 1\nsamples_per_task = 2\n")
     proc = clawgym_run(recipe, "--verbose")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-2000:]

@@ -623,7 +623,7 @@ def test_keys_never_appear_in_records_logs_or_artifacts(tiny_model, tmp_path, ca
                      "k.agentloop.1": [{"error": "boom"}] * 2 + ["Done."]}
             for rid, texts in items.items():
                 p.server.engine.push(rid, texts)
-            cfg = RolloutConfig(tasks=tasks, harnesses=["agentloop"], out=tmp_path / "out", n=2, concurrency=2,
+            cfg = RolloutConfig(tasks=tasks, harnesses=["agentloop"], out=tmp_path / "out", group_size=2, concurrency=2,
                                 proxy_url=p.url, admin_token=admin, records=records, engine="scripted")
             summary = run_rollouts(cfg)
             # The harness's own key can reach the model's input (an `env` tool call): it is dead by then,

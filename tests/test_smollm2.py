@@ -114,9 +114,9 @@ path = "{smollm2_model}"
 [rollout]
 tasks = "tasks"
 harnesses = ["agentloop"]
-n = 3
+group_size = 3
 concurrency = 3
-timeout = 900
+timeout_s = 900
 
 [rollout.agentloop]
 max_turns = 1

@@ -242,7 +242,7 @@ def test_every_config_field_has_help_and_docs_config_md_is_generated_from_them()
 
 
 def _options_match_fields(command: str, configs: dict[str, list[type]], given: list[str], skipped: set[str] = frozenset(),
-                          own_defaults: dict[str, type] | None = None, own_help: set[str] = frozenset()) -> None:
+                          own_defaults: dict[str, type | tuple[type, str]] | None = None, own_help: set[str] = frozenset()) -> None:
     """Every field of `configs` (but `skipped`) is an option of `command` with the field's help (but
     `own_help`), and the value the command gets for an option not given is the field's default (or
     that of the same field of `own_defaults`' config)."""
@@ -263,9 +263,12 @@ def _options_match_fields(command: str, configs: dict[str, list[type]], given: l
                 assert f.name not in by_name, f"{cls.__name__}.{f.name} is skipped yet has an option"
                 continue
             assert f.name in by_name, f"{cls.__name__}.{f.name} has no option in `clawgym {command}`"
-            source = field_of(own_defaults[f.name], f.name) if f.name in (own_defaults or {}) else f
+            origin = (own_defaults or {}).get(f.name)
+            source = f if origin is None else field_of(*origin) if isinstance(origin, tuple) else field_of(origin, f.name)
+            old = f.metadata.get("aliases", ())
             if f.name not in own_help:
-                assert help_of(source) and by_name[f.name].help == cli_help(source), f"{command} --{f.name}: help is not the field's"
+                expected = cli_help(source) + (f" (old name: {', '.join(old)})" if old else "")
+                assert help_of(source) and by_name[f.name].help == expected, f"{command} --{f.name}: help is not the field's"
             if f.name in required:
                 continue
             assert default_of(source) is not dataclasses.MISSING, f"{cls.__name__}.{f.name} is required but not given"
@@ -291,7 +294,7 @@ def test_clawgym_rollout_and_eval_have_one_option_per_rollout_config_field(comma
 
     assert ROLLOUT_SKIP == {"verifier"}  # its options are JudgeChoice's
     _options_match_fields(command, [RolloutConfig, JudgeChoice, EngineShorthands], ROLLOUT_REQUIRED, ROLLOUT_SKIP,
-                          own_defaults={"n": EvalSection} if command == "eval" else None)
+                          own_defaults={"group_size": (EvalSection, "samples_per_task")} if command == "eval" else None)
 
 
 def test_clawgym_serve_proxy_has_one_option_per_proxy_config_field_and_build_trees_the_trees_section():
@@ -314,7 +317,7 @@ def test_a_recipe_section_key_has_its_stage_configs_type_help_and_default_but_wh
     from clawgym.rollout.config import JudgeChoice, RolloutConfig
 
     owners = {**{f.name: RolloutConfig for f in dataclasses.fields(RolloutConfig)}, "judge_url": JudgeChoice, "judge_model": JudgeChoice}
-    own_default = {"tasks": None, "n": 8, "concurrency": 8}  # an [offline] recipe has no tasks; a run's group is 8
+    own_default = {"tasks": None, "group_size": 8, "concurrency": 8}  # an [offline] recipe has no tasks; a run's group is 8
     hints = typing.get_type_hints(config.RolloutSection)
     for f in dataclasses.fields(config.RolloutSection):
         owner = field_of(owners[f.name], f.name)
@@ -338,6 +341,51 @@ def test_the_old_rollout_flags_still_give_the_fields_their_values(tmp_path):
     assert values["harnesses"] == ["agentloop", "codex"] and values["timeout_s"] == 7.0 and values["proxy_url"] == "http://h:1"
     assert values["ray"] == "auto" and values["chat_template"] == "chatml-tools"
     assert values["harness_options"] == {"agentloop": {"max_tokens": 8}, "codex": {"model": "x"}}
+
+
+def test_each_command_reads_its_new_flags_and_for_one_release_the_old_ones():
+    from typer.main import get_command
+
+    from clawgym.cli import app
+
+    commands = get_command(app).commands
+
+    def params(command, *line):
+        cmd = commands[command[0]] if len(command) == 1 else commands[command[0]].commands[command[1]]
+        return cmd.make_context(command[-1], list(line)).params
+
+    for flag in ("--group-size", "--n"):
+        assert params(["rollout"], *ROLLOUT_REQUIRED, flag, "3")["group_size"] == 3
+    for flag in ("--samples-per-task", "--n"):
+        assert params(["eval"], *ROLLOUT_REQUIRED, flag, "2")["group_size"] == 2
+    assert params(["eval"], *ROLLOUT_REQUIRED)["group_size"] == 4  # [eval] samples_per_task's default, not rollout's 1
+    for flag in ("--rollout-timeout", "--timeout"):
+        assert params(["rollout"], *ROLLOUT_REQUIRED, flag, "7")["timeout_s"] == 7.0
+    for flag in ("--wait-timeout", "--timeout"):
+        assert params(["sync"], "--proxy", "http://h:1", "--checkpoint", ".", flag, "9")["timeout"] == 9.0
+    for flag in ("--count", "--n"):
+        assert params(["tasks", "make"], "lookup", "out", flag, "5", "--split", "train")["n"] == 5
+    for flag, key in (("--sample-calls", "max_calls"), ("--max-calls", "max_calls"), ("--only-version", "policy_version"),
+                      ("--policy-version", "policy_version")):
+        assert params(["mismatch"], "--calls", "c.parquet", "--model", "m", flag, "3")[key] == 3
+
+
+@pytest.mark.parametrize("section,old,new,value", [("rollout", "n", "group_size", 3), ("eval", "n", "samples_per_task", 2),
+                                                   ("sft", "n", "demonstrations", 0), ("rollout", "timeout", "timeout_s", 7.0)])
+def test_a_recipe_key_under_its_old_name_loads_with_one_notice(tmp_path, capsys, section, old, new, value):
+    from clawgym.run import recipe as config
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "r.toml").write_text(f'[model]\ninit = "tiny"\n[rollout]\ntasks = "tasks"\n'
+                                     + (f"{old} = {value}\n" if section == "rollout" else f"[{section}]\n{old} = {value}\n"))
+    for _ in range(2):
+        r = config.load_recipe(tmp_path / "r.toml")
+    assert getattr(getattr(r, section), new) == value
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice:")]
+    assert notices == [f"notice: {tmp_path / 'r.toml'} [{section}]: '{old}' is now '{new}'; the old name is read for this "
+                       f"release only"]
+    override = config.load_recipe(tmp_path / "r.toml", [f"{section}.{old}={value}"])
+    assert getattr(getattr(override, section), new) == value
 
 
 def test_a_field_help_with_square_brackets_shows_them_in_help():

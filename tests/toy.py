@@ -30,9 +30,9 @@ init = "tiny"
 [rollout]
 tasks = "tasks"
 harnesses = {harnesses}
-n = {n}
+group_size = {n}
 concurrency = {concurrency}
-timeout = 60
+timeout_s = 60
 
 [rollout.agentloop]
 max_turns = 1

@@ -7,7 +7,7 @@ of the recipe keys, and `reference` writes the field tables of docs/config.md. S
 a config appears in all three at once, with one default and one help text.
 
 The metadata may also say how the field is written on the command line when that differs from its
-name and type: `flag` (`--timeout` for `timeout_s`), `envvar`, `metavar`, and a `CliForm` for a
+name and type: `flag` (`--rollout-timeout` for `timeout_s`), `envvar`, `metavar`, and a `CliForm` for a
 list or dict field (`COMMA_LIST`: `--harness a,b` for `harnesses`; `KEY_VALUES`: a repeatable
 `--engine-option KEY=VALUE` for `engine_options`), and `minimum`. `parse_cli` turns the command's
 values back into the fields' values. `typed` checks a value read from a file (TOML, JSON) against
@@ -76,13 +76,15 @@ KEY_VALUES = CliForm(list[str], key_values, lambda d: [f"{k}={json.dumps(v)}" fo
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None, flag: str | None = None,
-           envvar: str | None = None, metavar: str | None = None, form: CliForm | None = None, minimum: int | None = None) -> Any:
+           envvar: str | None = None, metavar: str | None = None, form: CliForm | None = None, minimum: int | None = None,
+           aliases: tuple[str, ...] = ()) -> Any:
     """A dataclass field with its help text. Without a default (and no factory) the field is required.
     The rest say how the command line writes it: `flag` overrides the flag (e.g. "--resume" for a bool
-    that has no --no- form, "--timeout" for timeout_s), `envvar` is read when the option is not
+    that has no --no- form, "--rollout-timeout" for timeout_s), `envvar` is read when the option is not
     given, `metavar` names the value in --help, `form` writes a list or dict field, `minimum` is
-    the smallest number the option takes (a smaller one is a usage error)."""
-    given = {"flag": flag, "envvar": envvar, "metavar": metavar, "form": form, "minimum": minimum}
+    the smallest number the option takes (a smaller one is a usage error), `aliases` the old flags
+    the command line still accepts for one release (shown in --help as the old name)."""
+    given = {"flag": flag, "envvar": envvar, "metavar": metavar, "form": form, "minimum": minimum, "aliases": aliases or None}
     metadata = {"help": help} | {k: v for k, v in given.items() if v is not None}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -136,13 +138,14 @@ def _optional(annotation: Any) -> tuple[Any, bool]:
 
 
 def cli_parameters(cls: type, *, skip: set[str] = frozenset(), optional: dict[str, str] | None = None,
-                   fields_from: dict[str, type] | None = None) -> list[inspect.Parameter]:
+                   fields_from: dict[str, type | tuple[type, str]] | None = None) -> list[inspect.Parameter]:
     """Keyword parameters of a Typer command, one `--field-name` option per field of `cls`.
 
     `skip` leaves fields out (the command fills them); `optional` makes required fields optional on
     the command line, with the given help (the command derives them when not given); `fields_from`
-    takes a field's help and default from the same-named field of another config (`clawgym eval`'s
-    --n is the [eval] section's n). A field without help still gets its option;
+    takes a field's help, default and flag from the same-named field of another config, or from
+    (config, name) (`clawgym eval`'s --samples-per-task is RolloutConfig's group_size with the [eval]
+    section's samples_per_task's help and default). A field without help still gets its option;
     tests/test_structure.py asks every field for help."""
     import typer
 
@@ -153,19 +156,23 @@ def cli_parameters(cls: type, *, skip: set[str] = frozenset(), optional: dict[st
         if f.name in skip:
             continue
         kind, _ = _optional(hints[f.name])
-        source = field_of(fields_from[f.name], f.name) if f.name in fields_from else f
+        origin = fields_from.get(f.name)
+        source = f if origin is None else field_of(*origin) if isinstance(origin, tuple) else field_of(origin, f.name)
         default = None if f.name in optional else default_of(source)
         help_text = optional.get(f.name, cli_help(source))
+        aliases = (*f.metadata.get("aliases", ()), *(source.metadata.get("aliases", ()) if source is not f else ()))
+        if aliases:
+            help_text += f" (old name: {', '.join(dict.fromkeys(aliases))})"
         form: CliForm | None = f.metadata.get("form")
         if form is not None:
             kind, default = form.kind, default if default in (MISSING, None) else form.show(default)
-        flag = flag_of(f)
+        flag = flag_of(source if isinstance(origin, tuple) else f)
         if kind is bool and "/" not in flag and default is True:
             flag = f"{flag}/--no-{flag[2:]}"
         if kind not in (str, int, float, bool, typing.Any, list[str]) and not (isinstance(kind, type) and issubclass(kind, PurePath)):
             raise TypeError(f"{cls.__name__}.{f.name}: type {kind} has no command-line form; give it a CliForm or skip it")
         metavar = f.metadata.get("metavar") or (form.metavar if form else None)
-        opt = typer.Option(... if default is MISSING else default, flag, help=help_text, envvar=f.metadata.get("envvar"),
+        opt = typer.Option(... if default is MISSING else default, flag, *dict.fromkeys(aliases), help=help_text, envvar=f.metadata.get("envvar"),
                            metavar=metavar, show_default=default not in (MISSING, None, []), min=f.metadata.get("minimum"))
         annotation = Optional[kind] if default is None else kind
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation))

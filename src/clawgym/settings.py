@@ -27,11 +27,13 @@ IGNORED = {
 }
 """per stage, the config keys that do not shape its output (paths it writes to, parallelism, where the
 proxy runs); every other key of the recorded config is compared"""
-GROWS = ("harnesses", "n")
+GROWS = ("harnesses", "group_size")
 """rollout keys an evaluation's rerun (`eval`, each policy of `compare`) may extend: more harnesses
-(the recorded ones and others) or a larger n keep the rollouts already scored and run only the new
+(the recorded ones and others) or a larger group keep the rollouts already scored and run only the new
 ones, since a rollout's id is its task, harness and sample index. A training step's rollouts never
 grow: its trees and update were made from the ones it has."""
+RENAMED = {"rollout": {"n": "group_size"}}
+"""per stage, keys a record written by an older clawgym holds under their old name: compared under the new one"""
 DERIVED = {"build-trees": {"step"}}
 """per stage, the keys it derives from its inputs when not given (build-trees reads the step from the
 rollouts): compared only when a rerun gives them"""
@@ -80,6 +82,7 @@ def differences(stage: str, recorded: dict[str, Any], config: Any, grows: tuple[
     """"key: old → new" for each shaping key whose value differs (keys the record lacks are not compared),
     as two lists: the keys of `grows` whose new value extends the recorded one (`grown`), and the rest."""
     new = {**_plain(config), **(fingerprints(config) if stage == "rollout" else {})}
+    recorded = {RENAMED.get(stage, {}).get(k, k): v for k, v in recorded.items()}
     differ, extend = [], []
     for key in sorted(set(new) & set(recorded) - IGNORED[stage]):
         if new[key] is None and key in DERIVED.get(stage, ()):

@@ -48,7 +48,7 @@ def setup(tmp_path: Path, tiny_model: Path, **kw):
             items[f"{t}.agentloop.{i}"] = [tool_call("write", path="out.txt", content=text), "Done."]
     script = tmp_path / "script.jsonl"
     script.write_text("".join(json.dumps({"rollout_id": r, "text": x}) + "\n" for r, xs in items.items() for x in xs))
-    return RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", n=2, concurrency=4,
+    return RolloutConfig(tasks=tmp_path / "tasks", harnesses=["agentloop"], out=tmp_path / "out", group_size=2, concurrency=4,
                          model=tiny_model, engine="scripted", engine_options={"script": str(script)}, ray="local", **kw)
 
 

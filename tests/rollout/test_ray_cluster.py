@@ -63,7 +63,7 @@ def write_script(path: Path, ids: list[str], n: int, *, delay_last: float = 0.0)
 
 def rollout_cmd(c, tmp_path: Path, tiny_model: Path, n: int, concurrency: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "clawgym.cli", "rollout", "--tasks", str(tmp_path / "tasks"), "--harness", "agentloop",
-            "--n", str(n), "--concurrency", str(concurrency), "--model", str(tiny_model), "--engine", "scripted",
+            "--group-size", str(n), "--concurrency", str(concurrency), "--model", str(tiny_model), "--engine", "scripted",
             "--script", str(tmp_path / "script.jsonl"), "--out", str(tmp_path / "out"), "--ray", c.address, *extra]
 
 

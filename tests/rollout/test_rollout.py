@@ -22,7 +22,7 @@ def test_agentloop_rollouts_are_scored_recorded_and_classified(tmp_path: Path, t
         "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],   # right file
         "hello.agentloop.1": [tool_call("bash", command="echo bye > out.txt"), "Done."],    # wrong content
     })
-    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, n=2, concurrency=2))
+    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, group_size=2, concurrency=2))
     by_id = {r.rollout_id: r for r in summary.rollouts}
     assert by_id["hello.agentloop.0"].status == "ok" and by_id["hello.agentloop.0"].reward == 1.0
     assert by_id["hello.agentloop.1"].status == "ok" and by_id["hello.agentloop.1"].reward == 0.5
@@ -68,7 +68,7 @@ def test_engine_failure_is_an_infra_error_and_a_rerun_resumes(tmp_path: Path, ti
         "hello.agentloop.0": [tool_call("write", path="out.txt", content="hi"), "Done."],
         "hello.agentloop.1": [{"error": "engine down"}] * 8,
     })
-    cfg = scripted_config(tmp_path, tiny_model, s, n=2, concurrency=1)
+    cfg = scripted_config(tmp_path, tiny_model, s, group_size=2, concurrency=1)
     summary = run_rollouts(cfg)
     by_id = {r.rollout_id: r for r in summary.rollouts}
     assert by_id["hello.agentloop.1"].status == "infra_error" and by_id["hello.agentloop.1"].reward is None

@@ -136,7 +136,7 @@ def test_fifty_rollouts_at_concurrency_16_all_settle(tmp_path: Path, tiny_model:
                          "Done."])
         want_calls[rid] = tools + 1
     s = script(tmp_path / "script.jsonl", items)
-    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, n=50, concurrency=16))
+    summary = run_rollouts(scripted_config(tmp_path, tiny_model, s, group_size=50, concurrency=16))
 
     rollouts = {r.rollout_id: r for r in A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)}
     assert sorted(rollouts) == sorted(want_calls)
@@ -183,7 +183,7 @@ def test_ctrl_c_cleans_up_keeps_what_finished_and_a_rerun_completes(tmp_path: Pa
         "ctrlc.agentloop.1": [{"text": quick[0], "delay_s": 120}, "Done."],  # still running at Ctrl-C
         "ctrlc.agentloop.2": [{"text": quick[0], "delay_s": 120}, "Done."],
     })
-    cfg = scripted_config(tmp_path, tiny_model, s, n=3, concurrency=3)
+    cfg = scripted_config(tmp_path, tiny_model, s, group_size=3, concurrency=3)
     results = tmp_path / "out" / "results.jsonl"
     base = SandboxConfig().base_dir
     returned = threading.Event()

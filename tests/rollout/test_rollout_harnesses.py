@@ -69,7 +69,7 @@ def test_real_harness_solves_a_task_through_the_runner(harness: str, tmp_path: P
             # the first answer takes a moment: the harness waits on an open stream
             f.write(json.dumps({"rollout_id": rid, "text": shell_call(shell, COMMANDS[i]), "delay_s": 0.3}) + "\n")
             f.write(json.dumps({"rollout_id": rid, "text": "Done: wrote out.txt"}) + "\n")
-    config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=[harness], out=tmp_path / "out", n=n, concurrency=n,
+    config = RolloutConfig(tasks=tmp_path / "tasks", harnesses=[harness], out=tmp_path / "out", group_size=n, concurrency=n,
                            model=tiny_model, engine="scripted", engine_options={"script": str(script)})
     summary = run_rollouts(config)
 

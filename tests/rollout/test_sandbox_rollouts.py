@@ -124,7 +124,7 @@ def test_agentloop_rollouts_in_docker_share_their_first_prompt(tmp_path: Path, t
         "hello.agentloop.0": [tool_call("bash", command="echo hi > out.txt"), "Done."],
         "hello.agentloop.1": [tool_call("bash", command="echo bye > out.txt"), "Done."],
     })
-    run_rollouts(RolloutConfig(tasks=tmp_path / "tasks", out=tmp_path / "out", model=tiny_model, engine="scripted", n=2,
+    run_rollouts(RolloutConfig(tasks=tmp_path / "tasks", out=tmp_path / "out", model=tiny_model, engine="scripted", group_size=2,
                                concurrency=2, sandbox="docker", engine_options={"script": str(s)}))
     rows = {r.rollout_id: r for r in A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)}
     assert [(rows[k].status, rows[k].reward) for k in sorted(rows)] == [("ok", 1.0), ("ok", 0.5)], rows
@@ -147,7 +147,7 @@ def test_claude_code_rollouts_in_docker_share_their_first_prompt(tmp_path: Path,
         "hello.claude-code.1": [{"text": bash("echo bye > out.txt"), "delay_s": 0.3}, "Done: wrote out.txt"],
     })
     run_rollouts(RolloutConfig(tasks=tmp_path / "tasks", harnesses=["claude-code"], out=tmp_path / "out", model=tiny_model,
-                               engine="scripted", n=2, concurrency=2, sandbox="docker", engine_options={"script": str(s)}))
+                               engine="scripted", group_size=2, concurrency=2, sandbox="docker", engine_options={"script": str(s)}))
     rows = {r.rollout_id: r for r in A.read_table(tmp_path / "out" / "rollouts.parquet", A.RolloutRecord)}
     assert [(rows[k].status, rows[k].reward, rows[k].n_calls) for k in sorted(rows)] == [("ok", 1.0, 2), ("ok", 0.5, 2)], rows
     prompts = first_prompts(tmp_path / "out")

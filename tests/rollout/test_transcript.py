@@ -127,7 +127,7 @@ def test_transcript_criteria_and_the_judge_see_what_the_agent_did(tmp_path: Path
     })
     judge = FakeJudge(['{"scores": {"criterion_1": 1}, "notes": "ok"}'])
     try:
-        cfg = RolloutConfig(tasks=tasks, harnesses=["agentloop"], out=tmp_path / "out", model=tiny_model, n=2, concurrency=2,
+        cfg = RolloutConfig(tasks=tasks, harnesses=["agentloop"], out=tmp_path / "out", model=tiny_model, group_size=2, concurrency=2,
                             engine="scripted", engine_options={"script": str(s)}, task_filter=["task_notes_recall"],
                             verifier=VerifierConfig(judge=judge.config))
         summary = run_rollouts(cfg)

@@ -116,14 +116,14 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
         make_tasks("nope", tmp_path, n=1, seed=0, split="train")
     with pytest.raises(UserError, match="--split must be one of train, heldout"):
         make_tasks("lookup", tmp_path, n=1, seed=0, split="test")
-    with pytest.raises(UserError, match="--n must be at least 1"):
+    with pytest.raises(UserError, match="--count must be at least 1"):
         make_tasks("lookup", tmp_path, n=0, seed=0, split="train")
     make_tasks("lookup", tmp_path, n=2, seed=0, split="train")
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(UserError, match="already exists"):
         make_tasks("lookup", tmp_path, n=3, seed=0, split="train")
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written by the refused call
-    r = subprocess.run([sys.executable, "-m", "clawgym.cli", "tasks", "make", "lookup", str(tmp_path / "x"), "--n", "2",
+    r = subprocess.run([sys.executable, "-m", "clawgym.cli", "tasks", "make", "lookup", str(tmp_path / "x"), "--count", "2",
                         "--split", "dev"], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip() == "error: --split must be one of train, heldout, got 'dev'"
 

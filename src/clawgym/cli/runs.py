@@ -24,7 +24,7 @@ def run(
     recipe: Path = typer.Argument(..., metavar="RECIPE.toml", help="The recipe: one section per stage (docs/recipes.md)."),
     overrides: Optional[list[str]] = typer.Argument(None, metavar="[SECTION.KEY=VALUE]...",
                                                     help="Set recipe keys over the file's, typed by the key (train.lr=0.1, "
-                                                         "rollout.n=4, rollout.agentloop.max_tokens=8); saved in RUN/recipe.toml."),
+                                                         "rollout.group_size=4, rollout.agentloop.max_tokens=8); saved in RUN/recipe.toml."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed run from its last complete stage."),
     force: bool = typer.Option(False, "--force", help="Delete the run's folder (RUN: [run] name beside the recipe) and start it anew."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every stage's tables (rollouts, trees, train updates) each step."),
@@ -56,9 +56,9 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
           force: bool = typer.Option(False, "--force", help=FORCE_HELP), **options: Any) -> None:
     """Evaluate a policy: Pass@1 per task and per category (like the paper's Table 1), as markdown and JSON.
 
-    The rollouts run as `clawgym rollout` runs them, with the same options; only --n's default differs.
+    The rollouts run as `clawgym rollout` runs them, with the same options; --samples-per-task stands for --group-size, with its own default.
 
-    Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/toy/checkpoints/step-0008 --n 4 --out runs/eval
+    Example: clawgym eval --tasks recipes/tasks/toy --harness agentloop --model runs/toy/checkpoints/step-0008 --samples-per-task 4 --out runs/eval
     """
     from clawgym.run.eval import evaluate
     from clawgym.settings import rollout_rerun
@@ -78,7 +78,7 @@ def eval_(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
                 **{k: doc[k] for k in ("pass@1", "per_category", "excluded", "judge", "per_harness") if k in doc}})
 
 
-with_fields(eval_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP, fields_from={"n": EvalSection})
+with_fields(eval_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP, fields_from={"group_size": (EvalSection, "samples_per_task")})
 app.command("eval")(eval_)
 
 
@@ -89,11 +89,11 @@ def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MOD
     """Evaluate several policies in several harnesses: one held-out Pass@1 table, rows policies, columns harnesses.
 
     Each policy is evaluated as `clawgym eval` does, over every --harness, in OUT/<policy>/ (a rerun
-    resumes, and one with more harnesses or a larger --n runs only what it adds); each cell is Pass@1
+    resumes, and one with more harnesses or a larger --samples-per-task runs only what it adds); each cell is Pass@1
     ± its standard error over tasks. Writes OUT/table.md,
     OUT/table.json and OUT/table.png (docs/recipes.md, "Comparing harnesses").
 
-    Example: clawgym compare --policy base=models/smol --policy sft=runs/cc/checkpoints/sft --tasks tasks/heldout --harness agentloop,claude-code,codex --n 2 --out runs/table
+    Example: clawgym compare --policy base=models/smol --policy sft=runs/cc/checkpoints/sft --tasks tasks/heldout --harness agentloop,claude-code,codex --samples-per-task 2 --out runs/table
     """
     from clawgym.run.compare import compare, markdown, parse_policies
 
@@ -108,7 +108,7 @@ def compare_(policy: list[str] = typer.Option(..., "--policy", metavar="NAME=MOD
 
 
 with_fields(compare_, RolloutConfig, JudgeChoice, EngineShorthands, skip=ROLLOUT_SKIP | {"model"},
-             fields_from={"n": EvalSection})
+             fields_from={"group_size": (EvalSection, "samples_per_task")})
 app.command("compare")(compare_)
 
 
@@ -162,8 +162,11 @@ def replay(
 def mismatch(
     calls: list[Path] = typer.Option(..., "--calls", help="calls.parquet sampled by an engine; repeat to compare engines in one table."),
     model: Path = typer.Option(..., "--model", help="The checkpoint that sampled them (HF directory), as the trainer loads it."),
-    policy_version: Optional[int] = typer.Option(None, help="Only calls of this policy version (needed when a file mixes versions)."),
-    max_calls: Optional[int] = typer.Option(None, min=1, help="Measure at most this many calls per file."),
+    policy_version: Optional[int] = typer.Option(None, "--only-version", "--policy-version",
+                                                 help="Only calls of this policy version (needed when a file mixes versions; "
+                                                      "old name: --policy-version)."),
+    max_calls: Optional[int] = typer.Option(None, "--sample-calls", "--max-calls", min=1,
+                                            help="Measure at most this many calls per file (old name: --max-calls)."),
     json_out: bool = typer.Option(False, "--json", help="Print the measurements as one JSON object on stdout (the table goes to stderr)."),
 ) -> None:
     """Compare the engine's logprobs of sampled tokens with the trainer's fp32 recomputation.

@@ -49,14 +49,14 @@ def tasks_import(
 def tasks_make(
     family: str = typer.Argument(..., help="A generated task family (docs/tasks.md describes each; an unknown name lists them)."),
     dst: Path = typer.Argument(..., help="Folder to write the task folders into (one per task)."),
-    n: int = typer.Option(..., "--n", help="How many tasks."),
+    n: int = typer.Option(..., "--count", "--n", help="How many tasks (old name: --n)."),
     seed: int = typer.Option(0, "--seed", help="The generator's seed: the same family, seed and split give the same tasks."),
     split: str = typer.Option("train", "--split", help="train | heldout: disjoint by construction (docs/tasks.md)."),
     force: bool = typer.Option(False, "--force", help="Overwrite task folders that already exist in DST."),
 ) -> None:
     """Generate native tasks of a family that needs tools, for training and held-out evaluation.
 
-    Example: clawgym tasks make scan tasks/scan-train --n 96 --seed 0 --split train
+    Example: clawgym tasks make scan tasks/scan-train --count 96 --seed 0 --split train
     """
     from clawgym.tasks.families import make_tasks
 

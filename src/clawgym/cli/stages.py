@@ -139,7 +139,7 @@ def rollout(json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     Rerunning into the same --out with the same settings resumes: finished rollouts are kept,
     unfinished ones run again; other settings are refused (--force starts over).
 
-    Example: clawgym rollout --tasks tasks/ --harness agentloop --n 8 --model models/tiny --out runs/demo/step-0001
+    Example: clawgym rollout --tasks tasks/ --harness agentloop --group-size 8 --model models/tiny --out runs/demo/step-0001
 
     Example (a Ray cluster, a central proxy): clawgym rollout --tasks tasks/ --proxy http://HEAD:8100 --admin-token T --records records/ --ray auto --out runs/demo/step-0001
     """
@@ -310,7 +310,8 @@ def sync(
     checkpoint: Path = typer.Option(..., help="The checkpoint to serve (an HF directory `clawgym train` wrote)."),
     proxy: str = typer.Option(..., help="URL of the running proxy (`clawgym serve-proxy`)."),
     admin_token: Optional[str] = typer.Option(None, envvar="CLAWGYM_ADMIN_TOKEN", help="The running proxy's admin token."),
-    timeout: float = typer.Option(600.0, min=1.0, help="Seconds to wait for the engine to load the weights."),
+    timeout: float = typer.Option(600.0, "--wait-timeout", "--timeout", min=1.0,
+                                  help="Seconds to wait for the engine to load the weights (old name: --timeout)."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Hand a new checkpoint to a running proxy and wait until it serves it; prints the new policy version.

@@ -97,7 +97,8 @@ class RolloutConfig:
     harnesses: list[str] = option(help=f"the harnesses to run each task with: {', '.join(HARNESS_NAMES)}",
                                   factory=lambda: ["agentloop"], flag="--harness", metavar="NAME[,NAME]", form=COMMA_LIST)
     out: Path = option(help="the output folder: rollouts.parquet, calls.parquet, records/, results.jsonl (docs/architecture.md)")
-    n: int = option(1, "rollouts per task and harness (the GRPO group size)", minimum=1)
+    group_size: int = option(1, "rollouts per task and harness: the GRPO group size (in an evaluation, samples per task)",
+                             minimum=1, aliases=("--n",))
     concurrency: int = option(4, "rollouts running at once", minimum=1)
     model: Path | None = option(None, "start a proxy in this process serving this model (HF directory); else use a running proxy")
     engine: str = same_as(ProxyConfig, "engine", help=f"the in-process proxy's engine: {' | '.join(ENGINES)} (docs/engines.md)")
@@ -109,7 +110,8 @@ class RolloutConfig:
     proxy_url: str | None = option(None, "the URL of a running proxy to use instead of starting one", flag="--proxy")
     admin_token: str | None = option(None, "that proxy's admin token", envvar="CLAWGYM_ADMIN_TOKEN")
     records: Path | None = option(None, "the folder that proxy records into (it must be on this machine's filesystem)")
-    timeout_s: float | None = option(None, "wall-clock seconds per rollout; default: each task's [agent] timeout_sec", flag="--timeout")
+    timeout_s: float | None = option(None, "wall-clock seconds per rollout; default: each task's [agent] timeout_sec",
+                                     flag="--rollout-timeout", aliases=("--timeout",))
     max_calls: int = option(0, "the most model calls a rollout may make; the proxy refuses the next one and the rollout is "
                                "scored as the harness leaves it (status timeout). A turn bound for harnesses without "
                                "their own (Codex, OpenClaw); 0 = no bound", minimum=0)

@@ -103,10 +103,10 @@ def _load(config: RolloutConfig) -> tuple[list[Task], dict[str, Harness]]:
     unknown = [h for h in config.harnesses if h not in HARNESSES]
     if unknown:
         raise UserError(f"unknown harness '{unknown[0]}'; choose from: {', '.join(HARNESSES)}")
-    if config.n < 1 or config.concurrency < 1:
-        raise UserError(f"--n and --concurrency must be at least 1 (got {config.n}, {config.concurrency})")
+    if config.group_size < 1 or config.concurrency < 1:
+        raise UserError(f"--group-size and --concurrency must be at least 1 (got {config.group_size}, {config.concurrency})")
     if config.timeout_s is not None and config.timeout_s <= 0:
-        raise UserError(f"--timeout ([rollout] timeout_s) must be a positive number of seconds, got {config.timeout_s:g}")
+        raise UserError(f"--rollout-timeout ([rollout] timeout_s) must be a positive number of seconds, got {config.timeout_s:g}")
     if stray := sorted(set(config.harness_options) - set(HARNESSES)):
         raise UserError(f"options given for unknown harness '{stray[0]}'; choose from: {', '.join(HARNESSES)}")
     harnesses = {}
@@ -159,7 +159,7 @@ def run_rollouts(config: RolloutConfig, console: Console | None = None, proxy: P
     results_path = out.results
     done = {r["rollout_id"]: r for r in A.read_jsonl(results_path).records} if results_path.exists() else {}
     prefix = config.id_prefix or (f"s{config.step:04d}." if config.step else "")
-    plans = [RolloutPlan(t, h, i, prefix) for t in tasks for h in config.harnesses for i in range(config.n)]
+    plans = [RolloutPlan(t, h, i, prefix) for t in tasks for h in config.harnesses for i in range(config.group_size)]
     todo = [p for p in plans if p.rollout_id not in done or done[p.rollout_id]["status"] == "infra_error"]
     todo = start_order(todo, config.harnesses)
     done = {k: r for k, r in done.items() if r["status"] != "infra_error"}

@@ -54,7 +54,7 @@ def cold_start(recipe: Recipe, run: RunLayout, policy: Path, console: Console) -
         with _timed(run, base_eval, not run.eval("base").eval_json.exists()):
             _eval(recipe, run, "base", policy, console)
     if not sdir.rollouts.exists():
-        console.rule(f"sft: {sft.n} teacher trajectories per task ({sft.engine})")
+        console.rule(f"sft: {sft.demonstrations} teacher trajectories per task ({sft.engine})")
         with _timed(run, teach):
             run_rollouts(recipe.sft_rollout_config(policy), console).check_scored()
 

@@ -94,7 +94,7 @@ def compare(policies: dict[str, Path], config, out: Path, console: Console, *, f
     """Evaluate each policy in `config.harnesses` (a RolloutConfig whose model and out are replaced) and write the table.
 
     A policy's folder is rerun as `clawgym eval` reruns one (`settings.rollout_rerun`): the same settings
-    resume, other ones (another checkpoint under the same name, another --n) are refused unless `force`."""
+    resume, other ones (another checkpoint under the same name, another --samples-per-task) are refused unless `force`."""
     out = Path(out)
     configs = {name: replace(config, model=model, out=out / name) for name, model in policies.items()}
     for cfg in configs.values():  # every policy's folder checked before any rollout runs

@@ -130,7 +130,7 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
         if recipe.offline.from_run is not None and first <= recipe.run.steps:
             console.print(change_line(RunLayout(recipe.offline.from_run), run_steps(RunLayout(recipe.offline.from_run))[:recipe.run.steps],
                                       recipe.train, None if recipe.model.path is None and recipe.model.init is None else policy), highlight=False, soft_wrap=True)
-        if recipe.sft.n and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
+        if recipe.sft.demonstrations and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
 
             with console.status("SFT cold start: teacher rollouts, SFT, evaluations") if not verbose else contextlib.nullcontext():
                 policy = cold_start(recipe, run, policy, stages)
@@ -156,7 +156,7 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
                     write_plots(run.root)
     finally:
         close_sinks(sinks)
-    if recipe.sft.n and recipe.eval.every:
+    if recipe.sft.demonstrations and recipe.eval.every:
         write_table(run, console)
     return A.read_metrics(run.metrics)
 

@@ -3,12 +3,12 @@
     [run]      name, dir, steps, seed
     [model]    path = "models/tiny"   or   init = "tiny" | "small" | a pretrained name (smollm2-135m-instruct), init_seed = 0
     [engine]   name = "hf", tool_parser = "auto", chat_template = FILE | shipped name, and engine options
-    [rollout]  tasks, harnesses, n, concurrency, timeout, max_calls, tasks_per_step, sandbox, network, judge_url, judge_model
+    [rollout]  tasks, harnesses, group_size, concurrency, timeout_s, max_calls, tasks_per_step, sandbox, network, judge_url, judge_model
     [rollout.<harness>]  that harness adapter's options (e.g. [rollout.agentloop] max_tokens = 8)
     [trees]    max_leaves
     [train]    any `clawgym train` option (algo, lr, epochs, minibatches, tis, kl_coef, ...)
-    [eval]     every (steps; 0 = never), tasks, n, harnesses
-    [sft]      n, tasks, harnesses, engine, family, epochs, minibatches, lr, min_reward: an SFT cold start on
+    [eval]     every (steps; 0 = never), tasks, samples_per_task, harnesses
+    [sft]      demonstrations, tasks, harnesses, engine, family, epochs, minibatches, lr, min_reward: an SFT cold start on
                teacher trajectories before step 1 (coldstart.py)
     [offline]  from_run: train on a finished run's saved trees instead of collecting rollouts
     [ray]      address, num_cpus: fan each step's rollouts out as Ray tasks
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawgym.console import STDERR
 from clawgym.engines.registry import check_engine
 from clawgym.errors import UserError, did_you_mean
 from clawgym.fields import default_of, field_of, from_text, reference, typed
@@ -83,7 +84,7 @@ class Recipe:
         """An evaluation of the policy `policy_version`: every [eval] task (default: the rollout tasks),
         [eval] n samples each, with [eval]'s harnesses (default: the rollout harnesses)."""
         e = self.eval
-        return self._rollout(out, tasks=e.tasks or self.rollout.tasks, n=e.n or self.rollout.n,
+        return self._rollout(out, tasks=e.tasks or self.rollout.tasks, group_size=e.samples_per_task or self.rollout.group_size,
                              harnesses=e.harnesses or self.rollout.harnesses, policy_version=policy_version,
                              id_prefix=id_prefix, model=model)
 
@@ -91,7 +92,7 @@ class Recipe:
         """The cold start's teacher rollouts into RUN/sft: [sft]'s tasks, n, harnesses and engine
         (with `sft_engine_options`), `model`'s tokenizer."""
         s = self.sft
-        return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks, n=s.n or self.rollout.n,
+        return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks, group_size=s.demonstrations or self.rollout.group_size,
                              harnesses=s.harnesses or self.rollout.harnesses, model=model, engine=s.engine,
                              engine_options=self.sft_engine_options(), id_prefix="sft.", tasks_per_step=s.tasks_per_step)
 
@@ -154,6 +155,17 @@ _SECTIONS = {"run": RunSection, "model": ModelSection, "engine": EngineSection, 
 _TRAIN_FILLED = PER_CALL
 
 
+_NOTICED: set[tuple[str, str]] = set()
+
+
+def _old_name(where: str, old: str, new: str) -> None:
+    """One notice a process for a renamed key's old spelling (RENAMED_KEYS): read this release, gone in the next."""
+    if (where, old) not in _NOTICED:
+        _NOTICED.add((where, old))
+        STDERR.print(f"notice: {where}: '{old}' is now '{new}'; the old name is read for this release only", markup=False, highlight=False,
+                     soft_wrap=True)
+
+
 def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(), renamed: dict[str, str] | None = None) -> Any:
     hints = typing.get_type_hints(cls)
     minimum = {f.name: f.metadata["minimum"] for f in dataclasses.fields(cls) if "minimum" in f.metadata}
@@ -165,6 +177,7 @@ def _section(cls: type, table: dict, where: str, extra_ok: set[str] = frozenset(
         if renamed and key in renamed:
             if renamed[key] in table:
                 raise UserError(f"{where}: give '{renamed[key]}' only ('{key}' is its old name)")
+            _old_name(where, key, renamed[key])
             key = renamed[key]
         if key not in known:
             raise UserError(f"{where}: unknown key '{key}'{did_you_mean(key, [*known, *extra_ok])}; known: {', '.join(sorted(known))}")
@@ -240,7 +253,9 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str] | tuple[str, ...])
                             f"known: {', '.join(sorted(sections))}")
         table = doc.setdefault(section, {})
         renamed = RENAMED_KEYS.get(section, {})
-        key = renamed.get(key, key)  # an old name sets the field under its new one
+        if key in renamed:  # an old name sets the field under its new one
+            _old_name(f"override {item!r}", key, renamed[key])
+            key = renamed[key]
         for old in [o for o, new in renamed.items() if new == key]:
             table.pop(old, None)  # the override wins over the file's old spelling of the same key
         if section == "rollout" and key in HARNESS_NAMES:
@@ -323,9 +338,7 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
 
 def _validate_sft(r: Recipe, where: str) -> None:
     s = r.sft
-    if s.n < 0:
-        raise UserError(f"{where} [sft] key 'n' must be at least 0, got {s.n}")
-    if not s.n:
+    if not s.demonstrations:
         return
     try:
         check_engine(s.engine, r.sft_engine_options())
@@ -360,7 +373,7 @@ def recipe_to_toml(r: Recipe) -> str:
         "train": plain(r.train),
         "eval": plain(dataclasses.asdict(r.eval)),
         # only a recipe with a cold start has the section, so runs started before it existed still resume
-        **({"sft": plain(dataclasses.asdict(r.sft))} if r.sft.n else {}),
+        **({"sft": plain(dataclasses.asdict(r.sft))} if r.sft.demonstrations else {}),
         "offline": plain(dataclasses.asdict(r.offline)),
         "ray": plain(dataclasses.asdict(r.ray)),
         # only a recipe that turns a sink on has the section, so runs started before it existed still resume
@@ -385,7 +398,7 @@ def reference_markdown() -> str:
                  "Each field is an option of `clawgym rollout` and `clawgym eval` (their --help shows this help); "
                  "`verifier` is given by the options `--judge-url` and `--judge-model` (the [rollout] keys "
                  "`judge_url`, `judge_model`); `--script FILE` and `--max-context N` set the engine options `script` and "
-                 "`max_context`; eval's `--n` defaults to [eval] `n`.\n\n"
+                 "`max_context`; eval's and compare's `--samples-per-task` is `--group-size` with [eval] `samples_per_task`'s default.\n\n"
                  + reference(RolloutConfig, options=True, no_option={"verifier"}))
     parts.append("### ProxyConfig (`clawgym serve-proxy`)\n\n"
                  "The proxy's config; each field but those marked - is an option of `clawgym serve-proxy` (its --help shows "

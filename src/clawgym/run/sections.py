@@ -52,7 +52,7 @@ class RolloutSection:
     tasks: Path | None = same_as(RolloutConfig, "tasks", default=None)  # None: an [offline] recipe collects nothing
     harnesses: list[str] = same_as(RolloutConfig, "harnesses")
     # a run's default group and pool are 8 rollouts per task (GRPO needs several); `clawgym rollout`'s are 1 and 4
-    n: int = same_as(RolloutConfig, "n", default=8)
+    group_size: int = same_as(RolloutConfig, "group_size", default=8)
     concurrency: int = same_as(RolloutConfig, "concurrency", default=8)
     timeout_s: float | None = same_as(RolloutConfig, "timeout_s")
     max_calls: int = same_as(RolloutConfig, "max_calls")
@@ -64,8 +64,10 @@ class RolloutSection:
     judge_model: str = same_as(JudgeChoice, "judge_model")
 
 
-RENAMED_KEYS = {"rollout": {"timeout": "timeout_s"}}
-"""recipe keys that were renamed to their stage config's field: the old name still loads"""
+RENAMED_KEYS = {"rollout": {"timeout": "timeout_s", "n": "group_size"}, "eval": {"n": "samples_per_task"},
+                "sft": {"n": "demonstrations"}}
+"""recipe keys that were renamed (to their stage config's field, or to say what they count): the old
+name still loads for one release, with a one-line notice"""
 
 
 @dataclass
@@ -80,7 +82,8 @@ class TreesSection:
 class EvalSection:
     every: int = option(0, "evaluate the policy every this many steps (0 = never)")
     tasks: Path | None = option(None, "held-out tasks; default: the rollout tasks")
-    n: int = option(4, "rollouts per task and harness; a task's Pass@1 is the mean score of its rollouts (also `clawgym eval`'s default)")
+    samples_per_task: int = option(4, "rollouts per task and harness; a task's Pass@1 is the mean score of its rollouts (also "
+                                      "`clawgym eval`'s default)", minimum=1)
     harnesses: list[str] = option(help="default: the rollout harnesses", factory=list)
 
 
@@ -100,7 +103,7 @@ class SftSection:
     """[sft]: the cold start's teacher rollouts, and the TrainConfig fields of its `train --algo sft`
     (with the cold start's own defaults: a few passes at a high rate over a handful of trajectories)."""
 
-    n: int = option(0, "teacher trajectories per task–harness pair; 0 = no cold start")
+    demonstrations: int = option(0, "teacher trajectories per task–harness pair; 0 = no cold start", minimum=0)
     tasks: Path | None = option(None, "default: the rollout tasks")
     tasks_per_step: int = same_as(RolloutConfig, "tasks_per_step", help="the teacher shows only this many of the tasks, "
                                   "drawn once (seeded as a step 0 draw); 0 = every task")

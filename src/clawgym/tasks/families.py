@@ -1,4 +1,4 @@
-"""Generated task families: `clawgym tasks make FAMILY DST --n N --seed S --split train|heldout`.
+"""Generated task families: `clawgym tasks make FAMILY DST --count N --seed S --split train|heldout`.
 
 A family draws native task folders (docs/tasks.md) from a seeded generator and knows how to solve
 them: its `teach` method is the teacher's policy, given the instruction and the tool results so far
@@ -39,7 +39,7 @@ def draw_tasks(family: str, n: int, seed: int, split: str) -> list[Drawn]:
     if split not in SPLITS:
         raise UserError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     if n < 1:
-        raise UserError(f"--n must be at least 1, got {n}")
+        raise UserError(f"--count must be at least 1, got {n}")
     if seed < 0:
         raise UserError(f"--seed must be >= 0, got {seed}")
     rng = random.Random(f"{family}/{split}/{seed}")  # the split is part of the stream's seed

@@ -171,7 +171,7 @@ class TrainLog:
 def _why_nothing(cfg: TrainConfig, stats: SkippedStats) -> str:
     if cfg.algo == "grpo":
         return (f"all {stats.groups:.0f} GRPO group(s) gave their rollouts one reward each, so no advantage is nonzero: "
-                f"equal rewards, or groups of a single rollout ([rollout] n or --n of 2 or more gives a group a spread)")
+                f"equal rewards, or groups of a single rollout ([rollout] group_size or --group-size of 2 or more gives a group a spread)")
     if cfg.algo == "sft":
         return f"no rollout reached --min-reward {cfg.min_reward:g}"
     return "no rollout with a reward and trainable tokens"
