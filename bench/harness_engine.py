@@ -41,7 +41,6 @@ import asyncio
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile

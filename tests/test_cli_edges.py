@@ -16,7 +16,6 @@ import orjson
 import pytest
 
 from clawgym import artifacts as A
-from clawgym.errors import UserError
 from toy import write_toy_recipe
 
 CLI = [sys.executable, "-m", "clawgym.cli"]

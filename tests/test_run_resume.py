@@ -146,7 +146,7 @@ def test_offline_retraining_from_saved_trees_gives_the_same_loss_curve(tmp_path:
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-2000:]
     offline = tmp_path / "offline.toml"
-    offline.write_text(f"""
+    offline.write_text("""
 [run]
 name = "offline"
 steps = 2

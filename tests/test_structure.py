@@ -376,7 +376,7 @@ def test_a_recipe_key_under_its_old_name_loads_with_one_notice(tmp_path, capsys,
     from clawgym.run import recipe as config
 
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "r.toml").write_text(f'[model]\ninit = "tiny"\n[rollout]\ntasks = "tasks"\n'
+    (tmp_path / "r.toml").write_text('[model]\ninit = "tiny"\n[rollout]\ntasks = "tasks"\n'
                                      + (f"{old} = {value}\n" if section == "rollout" else f"[{section}]\n{old} = {value}\n"))
     for _ in range(2):
         r = config.load_recipe(tmp_path / "r.toml")
