@@ -71,6 +71,8 @@ def test_recipe_errors_print_brackets_and_suggest_the_closest_key(tmp_path: Path
     ("rollout.agentloop.max_tokns=8", "[rollout.agentloop]: unknown key 'max_tokns' (did you mean 'max_tokens'?)"),
     ("rollout.agentloop.max_tokens=0", "[rollout.agentloop]: agentloop option 'max_tokens' must be an integer >= 1, got 0"),
     ("rollout.group_size=many", "[rollout] key 'group_size' must be int, got str 'many'"),
+    ("run.max_staleness=-1", "[run] key 'max_staleness' must be >= 0, got -1"),
+    ("run.max_staleness=one", "[run] key 'max_staleness' must be int, got str 'one'"),
     ("trian.lr=1", "override 'trian.lr=1': unknown section [trian] (did you mean 'train'?)"),
     ("lr=1", "override 'lr=1': expected SECTION.KEY=VALUE"),
 ])

@@ -90,10 +90,17 @@ def test_a_finished_run_refuses_to_restart_and_a_changed_recipe_to_resume(tmp_pa
     recipe.write_text(recipe.read_text().replace("lr = 0.05", "lr = 0.01"))
     with pytest.raises(UserError, match="differs from"):
         _prepare(load_recipe(recipe), resume=True)
+    # a run saved by the release before, with a key's old name and without a newer key, resumes
+    saved = tmp_path / "runs" / "guard" / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("lr = 0.01", "lr = 0.05"))
+    saved.write_text(saved.read_text().replace("group_size = ", "n = ").replace("max_staleness = 0\n", ""))
+    assert "n = 4" in saved.read_text() and "max_staleness" not in saved.read_text()
+    _prepare(load_recipe(recipe), resume=True)
+    assert "group_size = 4" in saved.read_text()  # saved again as this release spells it
 
 
 def test_a_step_trained_before_a_resume_is_reported_from_its_train_jsonl_without_training(tmp_path: Path, monkeypatch) -> None:
-    import clawgym.run.loop
+    import clawgym.run.steps
     from clawgym.run.loop import run
 
     recipe = write_recipe(tmp_path, "report", steps=1)
@@ -107,7 +114,7 @@ def test_a_step_trained_before_a_resume_is_reported_from_its_train_jsonl_without
     def refuse(*args, **kwargs):
         raise AssertionError("train() was called for a step whose checkpoint is complete")
 
-    monkeypatch.setattr(clawgym.run.loop, "train", refuse)
+    monkeypatch.setattr(clawgym.run.steps, "train", refuse)
     [again] = run(recipe, resume=True)
     measured = ("time/", "memory/", "proxy/")  # phase times, peaks and the engine's cache counters belong to the process that ran the step
     assert again.step == 1 and any(k.startswith("train/") for k in again.values)

@@ -51,6 +51,11 @@ OPTION_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
 }
 
 
+RELOADS_IN_PLACE = frozenset({"hf", "scripted", "vllm", "remote"})
+"""engines that take a new checkpoint while they serve, without a restart: what an asynchronous run
+([run] max_staleness >= 1) needs; the teacher engine has no weights"""
+
+
 def check_engine(name: str, options: dict[str, Any]) -> None:
     """What `make_engine` would refuse that can be seen without building the engine: an unknown name,
     or options its `OPTION_CHECKS` entry refuses. One-line UserErrors."""

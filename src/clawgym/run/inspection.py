@@ -287,6 +287,7 @@ RUN_COLUMNS = [
     ("trees/tokens_saved", "tree saved"), ("train/tokens_saved", "packing saved"),
     ("train/clip_frac", "clip"), (M.PASS_AT_1, "eval Pass@1 %"), (M.STEP_SECONDS, "step s"),
     (M.COLLECT.peak_key, "rollout GiB"), (M.OPTIMIZE.peak_key, "train GiB"), ("train/peak_gib", "train GiB"),
+    (M.VERSION_MIN, "v min"), (M.VERSION_MAX, "v max"), (M.STALE_GROUPS, "stale groups"),
 ]
 
 

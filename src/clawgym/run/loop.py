@@ -25,32 +25,29 @@ from pathlib import Path
 
 from rich.console import Console
 
-from clawgym import artifacts as A, console as C, peak_memory
+from clawgym import artifacts as A, console as C
 from clawgym.errors import UserError
-from clawgym.layout import RunLayout, StepLayout
+from clawgym.layout import RunLayout
 from clawgym.models.pretrained import PRETRAINED, init_pretrained
 from clawgym.models.tiny import init_model
 from clawgym.rollout.proxy_client import start_local_proxy
-from clawgym.rollout.runner import run_rollouts
 from clawgym.rollout.sandbox import announce, isolation
 from clawgym.run import metrics as M, progress as P
 from clawgym.run.checks import check_runnable
 from clawgym.run.coldstart import cold_start, write_table
-from clawgym.run.eval import evaluate
 from clawgym.run.plots import write_plots
 from clawgym.run.recipe import Recipe, load_recipe, recipe_to_toml
 from clawgym.run.replay import change_line, run_steps, start_policy
 from clawgym.run.sinks import close_sinks, open_sinks
+from clawgym.run.overlap import overlapped
+from clawgym.run.steps import run_step
 from clawgym.train.checkpoint import is_complete
-from clawgym.train.loop import train
-from clawgym.trees import resolve_config, run_build_trees
 
 
 def _initial_policy(recipe: Recipe, run: RunLayout) -> Path:
     if recipe.model.path is not None:
         return recipe.model.path
     if recipe.model.init is None:  # an [offline] recipe without [model]: where the replayed run started
-
         return start_policy(RunLayout(recipe.offline.from_run))
     path = run.model_init
     if not (path / "config.json").exists():
@@ -74,7 +71,8 @@ def _prepare(recipe: Recipe, resume: bool, force: bool = False) -> RunLayout:
     if run.recipe.exists() and not resume:
         raise UserError(f"{run.root} already holds a run; pass --resume to continue it, --force to start it anew, or choose "
                         f"another [run] name")
-    if run.recipe.exists() and run.recipe.read_text() != text:
+    if run.recipe.exists() and run.recipe.read_text() != text and recipe_to_toml(load_recipe(run.recipe)) != text:
+        # (the second test reads the saved recipe as this version spells it: renamed keys, new defaults)
         old, new = _flat(tomllib.loads(run.recipe.read_text())), _flat(tomllib.loads(text))
         keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         raise UserError(f"{run.recipe} differs from {recipe.path} and its overrides ({', '.join(keys)}): a run resumes "
@@ -106,7 +104,6 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
     check_runnable(recipe)  # harness options, [train] values, extras, tasks: before any file is written
     isolated = None
     if recipe.offline.from_run is None:  # before anything is written: a sandbox that cannot isolate files is refused
-
         isolated = isolation(recipe.rollout.sandbox, recipe.rollout.network)
     run = _prepare(recipe, resume, force)
     if isolated is not None:
@@ -131,7 +128,6 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
             console.print(change_line(RunLayout(recipe.offline.from_run), run_steps(RunLayout(recipe.offline.from_run))[:recipe.run.steps],
                                       recipe.train, None if recipe.model.path is None and recipe.model.init is None else policy), highlight=False, soft_wrap=True)
         if recipe.sft.demonstrations and recipe.offline.from_run is None:  # the SFT cold start (coldstart.py), then RL from it
-
             with console.status("SFT cold start: teacher rollouts, SFT, evaluations") if not verbose else contextlib.nullcontext():
                 policy = cold_start(recipe, run, policy, stages)
             if 0 not in reported:
@@ -140,11 +136,13 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
                 console.print(P.cold_start_line(line.values), highlight=False, soft_wrap=True)
         if first > 1:
             policy = run.step(first - 1).checkpoint
+        # [run] max_staleness >= 1: later steps' rollouts are collected in a thread of their own (overlap.py)
         with _proxy(recipe, run, policy, version=first - 1) as proxy, \
-                P.StepProgress(console, recipe.run.steps, done=first - 1) as progress:
+                P.StepProgress(console, recipe.run.steps, done=first - 1) as progress, \
+                overlapped(recipe, run, first, proxy, stages) as overlap:
             for step in range(1, recipe.run.steps + 1):
-                values = _step(recipe, run, step, policy, proxy, stages, progress, trained=step < first,
-                               report=step not in reported)
+                values = run_step(recipe, run, step, policy, proxy, stages, progress, trained=step < first,
+                                  report=step not in reported, overlap=overlap)
                 policy = run.step(step).checkpoint
                 if values is not None:
                     line = A.MetricsLine(step, values, time=time.time())
@@ -152,7 +150,6 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
                     progress.finished(step, values, None if step < first else values[M.STEP_SECONDS])
                     if recipe.run.keep_last:
                         prune_checkpoints(run, step, recipe.run.keep_last)
-
                     write_plots(run.root)
     finally:
         close_sinks(sinks)
@@ -176,93 +173,8 @@ def prune_checkpoints(run: RunLayout, step: int, keep_last: int) -> list[int]:
     return removed
 
 
-def _step(recipe: Recipe, run: RunLayout, step: int, policy: Path, proxy, stages: Console, progress: P.StepProgress,
-          *, trained: bool, report: bool) -> dict[str, float] | None:
-    """One step: the stages not yet done, then its metrics line's values (None: already reported)."""
-    sdir = run.step(step)
-    t0, times = time.monotonic(), {}
-
-    def phase(which: M.Phase, work) -> None:
-        progress.phase(step, which.doing)
-        t = time.monotonic()
-        peak_memory.reset()
-        work()
-        times[which.key] = time.monotonic() - t
-        times[which.peak_key] = peak_memory.peak_gib()
-        peak_memory.release()  # what the phase freed leaves the process before the next one
-
-    train_values: dict[str, float] | None = None  # None: trained before a resume, its train/ figures are in train.jsonl
-    engine_values: dict[str, float] = {}
-    if not trained:
-        stages.rule(f"step {step}/{recipe.run.steps}")
-        counts = _engine_counts(proxy)
-        phase(M.COLLECT, lambda: _collect(recipe, sdir, step, proxy, stages))
-        engine_values = M.engine_values(counts, _engine_counts(proxy))
-        phase(M.RECONSTRUCT, lambda: _reconstruct(recipe, sdir, stages))
-        if proxy is not None:  # its keys/values cannot serve the weights training writes; the trainer gets the memory
-            proxy.admin("DELETE", "/admin/engine/cache")
-        train_values = {}
-        phase(M.OPTIMIZE, lambda: train_values.update(_train_step(recipe, policy, step, stages)))
-        if proxy is not None:
-            phase(M.SYNC, lambda: proxy.admin("POST", "/admin/reload", {"checkpoint": str(sdir.checkpoint)}, timeout=600))
-    if not report:
-        return None
-    values = M.step_values(sdir, engine=engine_values, train=train_values, times=times)
-    if recipe.eval.every and step % recipe.eval.every == 0 and proxy is not None:
-        phase(M.EVALUATE, lambda: values.update(_evaluate(recipe, run, step, proxy, stages)))
-        values[M.EVALUATE.key], values[M.EVALUATE.peak_key] = times[M.EVALUATE.key], times[M.EVALUATE.peak_key]
-    values[M.STEP_SECONDS] = time.monotonic() - t0
-    return values
-
-
-def _engine_counts(proxy) -> dict[str, float]:
-    """The engine's cumulative prompt-token counters (the hf engine's prefix cache); {} when it reports none."""
-    if proxy is None:
-        return {}
-    stats = proxy.admin("GET", "/admin/engine")["stats"]
-    return {k: float(stats[k]) for k in M.ENGINE_COUNTERS if k in stats}
-
-
-def _collect(recipe: Recipe, sdir: StepLayout, step: int, proxy, stages: Console) -> None:
-    if recipe.offline.from_run is not None:
-        _copy_offline(RunLayout(recipe.offline.from_run).step(step), sdir)
-    elif not sdir.rollouts.exists():
-        # a step none of whose rollouts could be scored stops the run naming why, not a later stage's "no trainable tokens"
-        run_rollouts(recipe.rollout_config(sdir.path, step, policy_version=step - 1), stages, proxy=proxy).check_scored()
-
-
-def _reconstruct(recipe: Recipe, sdir: StepLayout, stages: Console) -> None:
-    if not sdir.trees.exists():
-        cfg = resolve_config(sdir.path, None, None, None, recipe.trees.max_leaves, sdir.trees_metrics, sdir.step)
-        run_build_trees(cfg, stages)
-
-
 def _proxy(recipe: Recipe, run: RunLayout, policy: Path, version: int):
     """One proxy for the whole run, serving `policy`; none for offline retraining."""
     if recipe.offline.from_run is not None:
         return contextlib.nullcontext(None)
-
     return start_local_proxy(recipe.rollout_config(run.root, 0, version, model=policy), run.records)  # copied into each step's records/
-
-
-def _train_step(recipe: Recipe, policy: Path, step: int, stages: Console) -> dict[str, float]:
-    """Train step `step` (a complete checkpoint is kept as it is); its train/ metrics, as train() reduces them."""
-    # A batch with nothing to learn (every group flat) still writes the unchanged policy, so the
-    # loop goes on; a batch with no trainable token at all (every rollout failed) stops the run.
-    return train(recipe.train_config(step, policy), stages).metrics
-
-
-def _copy_offline(src: StepLayout, sdir: StepLayout) -> None:
-    if not src.trees.exists():
-        raise UserError(f"{src.path}: no trees.parquet to retrain on (the run has fewer steps, or they did not finish)")
-    sdir.path.mkdir(parents=True, exist_ok=True)
-    for name in ("rollouts", "calls", "trees"):
-        source, dest = getattr(src, name), getattr(sdir, name)
-        if source.exists() and not dest.exists():
-            shutil.copy2(source, dest)
-
-
-def _evaluate(recipe: Recipe, run: RunLayout, step: int, proxy, console: Console) -> dict[str, float]:
-    report = evaluate(recipe.eval_config(run.eval(step).path, step, f"e{step:04d}."), console, proxy=proxy)
-    report.print(console)
-    return M.eval_values(report.metrics())

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from clawgym import artifacts as A
+from clawgym.train.staleness import call_versions, stale_groups
 from clawgym.train.step_metrics import reduce_updates
 
 if TYPE_CHECKING:
@@ -58,6 +59,14 @@ DECODE_SECONDS = "proxy/decode_s"
 """seconds of its decode steps during them"""
 DECODE_TOKENS_PER_S = "proxy/decode_tok_s"
 """tokens its decode steps sampled per second of decode: the engine's decode speed over the step"""
+VERSION_MIN = "rollout/policy_version_min"
+"""an asynchronous run ([run] max_staleness >= 1): the oldest policy version among the step's calls"""
+VERSION_MAX = "rollout/policy_version_max"
+"""and the newest"""
+STALE_GROUPS = "rollout/stale_groups"
+"""the step's groups left out of training whole: a call older than max_staleness versions"""
+GROUPS = "rollout/groups"
+"""the step's groups (task–harness pairs) that had a scored rollout"""
 EVAL = "eval/"
 """prefix of the keys of an evaluation (`eval.EvalReport.metrics`, each key under it)"""
 PASS_AT_1 = "eval/pass@1"
@@ -276,3 +285,15 @@ def cold_start_values(run: RunLayout) -> dict[str, float]:
         values.update({k: float(v) for k, v in orjson.loads(run.cold_start_seconds.read_bytes()).items()})
     return values
 
+
+def version_values(sdir: StepLayout, trainer_version: int, max_staleness: int) -> dict[str, float]:
+    """An asynchronous step's policy versions: the oldest and newest among its calls, its groups, and
+    those left out of training as too stale (by the trainer's own rule, `train.staleness`)."""
+    rollouts = {r.rollout_id: r for r in A.read_table(sdir.rollouts, A.RolloutRecord)}
+    versions = call_versions(sdir.calls) if sdir.calls.exists() else {}
+    scored = {r.group_id for r in rollouts.values() if r.trainable}
+    out = {GROUPS: float(len(scored)),
+           STALE_GROUPS: float(len(stale_groups(rollouts, versions, trainer_version, max_staleness) & scored))}
+    if versions:
+        out |= {VERSION_MIN: float(min(lo for lo, _ in versions.values())), VERSION_MAX: float(max(hi for _, hi in versions.values()))}
+    return out

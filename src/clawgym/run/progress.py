@@ -39,6 +39,12 @@ def step_line(step: int, steps: int, values: dict[str, float], eta_s: float | No
     parts = [f"step {step}/{steps}", f"reward {v.get(M.REWARD_MEAN, 0.0):.3f} ± {v.get(M.REWARD_STD, 0.0):.3f}"]
     shown = [key for key, _ in FIELDS if key in v and not (key == "train/mismatch_abs" and "train/kl_ref" in v)]
     parts += [fmt.format(v[key]) for key, fmt in FIELDS if key in shown]
+    if M.VERSION_MIN in v:  # an asynchronous step: the policy versions that sampled its rollouts
+        parts.append(f"v {v[M.VERSION_MIN]:.0f}-{v[M.VERSION_MAX]:.0f}")
+    if v.get(M.STALE_GROUPS):  # left out whole; most of a step's groups left out starves the run, which it says
+        stale, groups = v[M.STALE_GROUPS], v.get(M.GROUPS, 0.0)
+        parts.append(f"stale {stale:.0f}/{groups:.0f} groups dropped"
+                     + (" (most: raise [run] max_staleness or lower [rollout] concurrency)" if stale > groups / 2 else ""))
     if TREE_RATIO in v:  # what tree packing saved over forwarding every call on its own
         parts.append(f"tree {v[TREE_RATIO]:.2f} ({v.get(TOKENS_SAVED, 0.0):,.0f} tok saved)")
     if M.PREFIX_HIT_RATE in v:  # what the engine's prefix cache spared the step's prompts (docs/engines.md)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from clawgym.console import STDERR
-from clawgym.engines.registry import check_engine
+from clawgym.engines.registry import RELOADS_IN_PLACE, check_engine
 from clawgym.errors import UserError, did_you_mean
 from clawgym.fields import default_of, field_of, from_text, reference, typed
 from clawgym.layout import RunLayout
@@ -103,7 +103,8 @@ class Recipe:
     def planned_train_config(self) -> TrainConfig:
         """`train_settings` on step 0's paths: what the checks before a run validate (an [offline]
         recipe's steps take the recorded settings, changed where [train] says)."""
-        return _train_config(RunLayout(self.run_dir).step(0), Path("."), self.train_settings())
+        asynchronous = {"max_staleness": self.run.max_staleness, "policy_version": 0} if self.run.max_staleness else {}
+        return _train_config(RunLayout(self.run_dir).step(0), Path("."), self.train_settings() | asynchronous)
 
     def sft_engine_options(self) -> dict[str, Any]:
         """The [sft] engine's options: the recipe's [engine] options, with [sft] `family` as the option 'family'."""
@@ -126,6 +127,8 @@ class Recipe:
         settings = {"seed": self.run.seed + step, **self.train}
         if self.offline.from_run is not None:
             settings = train_kwargs(RunLayout(self.offline.from_run), step, self.train)
+        if self.run.max_staleness:  # the trainer's weights are step - 1's: the bound is over versions, not steps
+            settings |= {"max_staleness": self.run.max_staleness, "policy_version": step - 1}
         return _train_config(RunLayout(self.run_dir).step(step), policy, settings)
 
     def sft_train_config(self, policy: Path) -> TrainConfig:
@@ -317,6 +320,12 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
         raise UserError(f"{where} [engine] key 'name': {e}") from None
     if r.run.steps < 1:
         raise UserError(f"{where} [run] key 'steps' must be at least 1, got {r.run.steps}")
+    if r.run.max_staleness and r.offline.from_run is not None:
+        raise UserError(f"{where} [run] key 'max_staleness': an [offline] recipe collects no rollouts to overlap with "
+                        f"training; leave it 0")
+    if r.run.max_staleness and r.engine.name not in RELOADS_IN_PLACE:
+        raise UserError(f"{where} [run] key 'max_staleness': the '{r.engine.name}' engine cannot take new weights while it "
+                        f"serves, which an asynchronous run needs; use one of {', '.join(sorted(RELOADS_IN_PLACE))}, or 0")
     if r.run.keep_last < 0:
         raise UserError(f"{where} [run] key 'keep_last' must be 0 (keep all) or more, got {r.run.keep_last}")
     if r.offline.from_run is None:

@@ -22,6 +22,10 @@ class RunSection:
     dir: Path | None = option(None, "the run directory; default runs/<name> beside the recipe")
     steps: int = option(10, "loop steps (rollouts → trees → train → sync)")
     seed: int = option(0, "the training seed: step N trains with seed + N")
+    max_staleness: int = option(0, "asynchronous steps: with K >= 1, step k+1's rollouts run while step k trains, the engine "
+                                   "serves each new checkpoint as soon as it is written, and every trained token was sampled by "
+                                   "a policy at most K versions behind the weights it trains (docs/training.md, \"Asynchronous "
+                                   "steps\"); 0: the synchronous loop", minimum=0)
     keep_last: int = option(0, "keep only the last N step checkpoints, and always the latest and the best-eval one "
                                "(older ones are removed as the run goes); 0 keeps every one")
 

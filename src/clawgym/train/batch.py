@@ -15,13 +15,16 @@ The math is in losses.py; docs/training.md has the algorithms' options.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from clawgym.artifacts import RolloutRecord, TreeNode, read_table
 from clawgym.errors import UserError
+from clawgym.layout import StepLayout
 from clawgym.train import losses as L
 from clawgym.train.config import TrainConfig
+from clawgym.train.staleness import call_versions, stale_groups
 from clawgym.train.packing import PackedTree, pack_tree
 from clawgym.trees import read_trees
 
@@ -38,6 +41,8 @@ class Selection:
     """per chosen rollout: GRPO its advantage, PPO its return, SFT its reward"""
     groups: int
     zero_var_groups: int
+    stale_groups: int = 0
+    """groups left out whole under --max-staleness"""
 
 
 def choose(cfg: TrainConfig) -> Selection:
@@ -51,6 +56,12 @@ def choose(cfg: TrainConfig) -> Selection:
         raise UserError(f"{cfg.trees}: no trainable tokens (no kept model node of role main)")
 
     ids = [rid for rid in nodes if rollouts[rid].trainable and any(n.trainable for n in nodes[rid])]
+    stale: set[str] = set()
+    if cfg.max_staleness is not None:  # an asynchronous step: every trained token within the bound (docs/training.md)
+        calls = cfg.calls if cfg.calls is not None else StepLayout(Path(cfg.trees).parent).calls
+        stale = stale_groups(rollouts, call_versions(calls), cfg.policy_version, cfg.max_staleness)
+        ids = [rid for rid in ids if rollouts[rid].group_id not in stale]
+        require_behaviour_logprobs(nodes, ids)
     rewards = torch.tensor([float(rollouts[rid].reward) for rid in ids], dtype=torch.float64)  # [R]
     groups = sorted({rollouts[rid].group_id for rid in ids})
     zero_var_groups = 0
@@ -63,7 +74,18 @@ def choose(cfg: TrainConfig) -> Selection:
         signal = {rid: float(r) for rid, r in zip(ids, rewards)}
     else:
         signal = {rid: float(r) for rid, r in zip(ids, rewards) if r >= cfg.min_reward}
-    return Selection(nodes, [rid for rid in ids if rid in signal], signal, len(groups), zero_var_groups)
+    return Selection(nodes, [rid for rid in ids if rid in signal], signal, len(groups), zero_var_groups, len(stale))
+
+
+def require_behaviour_logprobs(nodes: dict[str, list[TreeNode]], ids: list[str]) -> None:
+    """Off-policy tokens are weighted by the engine's logprobs of them: a trainable node without one
+    per token is refused, never trained with recomputed values."""
+    for rid in ids:
+        for n in nodes[rid]:
+            if n.trainable and len(n.logprobs) != len(n.token_ids):
+                raise UserError(f"rollout {rid!r}: node {n.node_id} has {len(n.logprobs)} recorded logprobs for "
+                                f"{len(n.token_ids)} sampled tokens; an asynchronous step trains only tokens whose "
+                                f"behaviour logprobs were recorded")
 
 
 @dataclass
@@ -96,7 +118,8 @@ class Batch:
         s = self.selection
         return (f"train {algo}: {len(self.trees)}/{len(s.nodes)} rollouts, {self.trainable_tokens} trainable tokens, "
                 f"{sum(t.n_tokens for t in self.trees)} packed tokens for {sum(t.path_tokens for t in self.trees)} on paths, "
-                f"{s.zero_var_groups}/{s.groups} zero-variance groups, {world} process(es)")
+                f"{s.zero_var_groups}/{s.groups} zero-variance groups, {world} process(es)"
+                + (f", {s.stale_groups} group(s) left out as too stale (--max-staleness)" if s.stale_groups else ""))
 
 
 def pack(cfg: TrainConfig, selection: Selection) -> Batch:

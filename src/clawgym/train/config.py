@@ -19,7 +19,7 @@ PRECISIONS = ("fp32", "bf16")
 TIS_MODES = ("token", "sequence", "off")
 AGGREGATIONS = ("token-mean", "rollout-mean")
 ATTENTIONS = ("segments", "dense", "flex")
-PER_CALL = frozenset({"trees", "rollouts", "model", "out", "metrics", "resume", "force"})
+PER_CALL = frozenset({"trees", "rollouts", "calls", "model", "out", "metrics", "resume", "force"})
 """TrainConfig fields its caller fills for each call (where the batch is, where to write, how to treat
 an earlier output): never settings of a recipe's [train] or of a replay"""
 HEAD_CHUNK = 256  # scored tokens per LM-head chunk: [256, V] fp32 is 50 MB at V = 49k, 156 MB at 152k
@@ -33,6 +33,8 @@ class TrainConfig:
     rollouts: Path = option(help="rollouts.parquet of the step: rewards, groups, status")
     model: Path = option(help="Policy checkpoint to start from (HF directory); its optimizer.pt (moments and step counts; the lr and other settings are this call's) and value/ are reused if present.")
     out: Path = option(help="Checkpoint directory to write (HF format + optimizer + trainer state).")
+    calls: Path | None = option(None, "calls.parquet of the step, read for each call's policy_version under --max-staleness "
+                                      "(default: beside trees.parquet).")
     algo: str = option("grpo", "grpo | ppo | sft.")
     metrics: Path | None = option(None, "train.jsonl to append to (default: beside trees.parquet).")
     lr: float = option(1e-5, "Policy learning rate (AdamW).")
@@ -62,6 +64,11 @@ class TrainConfig:
     lora_targets: str = option("all-linear", "LoRA: modules to adapt, comma-separated (q_proj,v_proj) or all-linear.")
     min_reward: float = option(1.0, "SFT: keep rollouts with at least this reward.")
     seed: int = option(0, "Seed for minibatch order and adapter initialization.")
+    max_staleness: int | None = option(None, "Asynchronous steps: the most policy versions a rollout's calls may lag the weights "
+                                             "trained (--policy-version); a GRPO group with an older call is left out whole. "
+                                             "None: no bound (a synchronous step). `clawgym run` sets it from [run] max_staleness.")
+    policy_version: int | None = option(None, "The policy version of --model: the optimizer steps its weights had (0: the "
+                                              "starting policy); needed with --max-staleness.")
     resume: bool = option(False, "Continue an interrupted call from the epoch checkpoint in --out.", flag="--resume")
     force: bool = option(False, "Overwrite a complete checkpoint in --out.", flag="--force")
     processes: int = option(1, "Data-parallel ranks: > 1 runs this call under accelerate launch --num_processes N (docs/training.md).")
@@ -97,6 +104,12 @@ class TrainConfig:
             raise UserError(f"--memory-limit-gib must be 0 (what the machine leaves) or more, got {self.memory_limit_gib}")
         if self.head_chunk < 0:
             raise UserError(f"--head-chunk must be 0 (no chunks) or more, got {self.head_chunk}")
+        if self.max_staleness is not None and (self.max_staleness < 0 or self.policy_version is None):
+            raise UserError(f"--max-staleness must be 0 or more, with --policy-version (the version of --model); got "
+                            f"{self.max_staleness} and {self.policy_version}")
+        if self.max_staleness and self.tis == "off":
+            raise UserError("--max-staleness >= 1 trains tokens an older policy sampled: their behaviour logprobs weight the loss "
+                            "(--tis token or sequence), not --tis off")
         if self.kl_coef > 0 and self.ref_model is None:
             raise UserError("--kl-coef > 0 needs --ref-model (the policy to stay close to)")
         if self.lora_rank < 0:
