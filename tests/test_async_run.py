@@ -132,3 +132,57 @@ def test_the_step_line_and_inspect_show_the_versions(async_run) -> None:
     inspect_run(run_dir, console)
     text = console.export_text()
     assert "v min" in text and "v max" in text and "stale groups" in text
+
+
+def _scripted_async(tmp: Path, name: str) -> Path:
+    """The toy recipe at max_staleness 1 with a scripted engine: each rollout its own answer (a
+    per-rollout script, so any order of calls gives the same rollouts) after a delay that grows with
+    its index, so that a step's collection finishes some rollouts well before the others."""
+    recipe = write_toy_recipe(tmp, name, steps=3, n=4, tasks=2, max_tokens=4, concurrency=8)
+    script = tmp / f"{name}.jsonl"
+    script.write_text("".join(json.dumps({"rollout_id": f"s{s:04d}.numbers-{t}.agentloop.{i}", "text": str((s + t + i) % 3),
+                                          "delay_s": 0.3 + 0.8 * i}) + "\n"
+                              for s in (1, 2, 3) for t in (0, 1) for i in range(4)))
+    recipe.write_text(recipe.read_text().replace("[run]\n", "[run]\nmax_staleness = 1\n")
+                      + f'\n[engine]\nname = "scripted"\nscript = "{script}"\n')
+    return recipe
+
+
+@pytest.mark.slow
+def test_killed_while_a_step_trains_and_the_next_collects_the_resumed_run_ends_where_an_uninterrupted_one_does(
+        tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from test_run_resume import clawgym_run, kill_when, lines
+
+    (tmp_path / "whole").mkdir()
+    whole = _scripted_async(tmp_path / "whole", "whole")
+    proc = clawgym_run(whole)
+    assert proc.wait(timeout=900) == 0, proc.stderr.read().decode()[-2000:]
+
+    (tmp_path / "killed").mkdir()
+    recipe = _scripted_async(tmp_path / "killed", "killed")
+    run_dir = tmp_path / "killed" / "runs" / "killed"
+    s1, s2 = run_dir / "step-0001", run_dir / "step-0002"
+    # step 1 trains (its trees are written) while step 2 collects: some of its rollouts done, not all
+    proc = clawgym_run(recipe)
+    assert kill_when(proc, lambda: (s1 / "trees.parquet").exists() and lines(s2 / "results.jsonl") >= 2)
+    assert not (s2 / "rollouts.parquet").exists() and lines(s2 / "results.jsonl") < 8
+    kept = {r["rollout_id"]: r for r in A.read_jsonl(s2 / "results.jsonl").records}
+    final = clawgym_run(recipe, "--resume")
+    _, err = final.communicate(timeout=900)
+    assert final.returncode == 0, err.decode()[-2000:]
+
+    for step in (1, 2, 3):
+        sdir = run_dir / f"step-{step:04d}"
+        planned = {f"s{step:04d}.numbers-{t}.agentloop.{i}" for t in (0, 1) for i in range(4)}
+        results = [r["rollout_id"] for r in A.read_jsonl(sdir / "results.jsonl").records]
+        assert sorted(results) == sorted(planned)  # none lost, none run twice
+        calls = A.read_table(sdir / "calls.parquet", A.CallRecord)
+        assert {c.rollout_id for c in calls} == planned and len(calls) == len(planned)
+    again = {r["rollout_id"]: r for r in A.read_jsonl(s2 / "results.jsonl").records}
+    assert all(again[rid] == row for rid, row in kept.items())  # the rollouts finished before the kill were kept
+    a = load_file(tmp_path / "whole" / "runs" / "whole" / "checkpoints" / "step-0003" / "model.safetensors")
+    b = load_file(run_dir / "checkpoints" / "step-0003" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
