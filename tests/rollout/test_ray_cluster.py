@@ -121,18 +121,23 @@ def test_a_lost_worker_node_leaves_infra_errors_and_a_rerun_resumes_them(cluster
     assert all(again[k].node.endswith(workers[0].node_id) for k in (x.rollout_id for x in lost))
 
 
-def test_a_recipe_with_a_ray_section_trains_on_rollouts_from_the_worker_nodes(cluster, tmp_path: Path):
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_recipe_with_a_ray_section_trains_on_rollouts_from_the_worker_nodes(cluster, tmp_path: Path, max_staleness: int):
+    """Synchronous, and asynchronous (step 2's Ray tasks run while step 1 trains)."""
     from toy import write_toy_recipe
 
     c, head, workers = cluster
-    recipe = write_toy_recipe(tmp_path, "ray-run", steps=1, n=4, tasks=2, concurrency=4)
-    recipe.write_text(recipe.read_text() + f'\n[ray]\naddress = "{c.address}"\nproxy_host = "0.0.0.0"\n')
+    steps = 1 + max_staleness
+    recipe = write_toy_recipe(tmp_path, "ray-run", steps=steps, n=4, tasks=2, concurrency=4)
+    recipe.write_text(recipe.read_text().replace("[run]\n", f"[run]\nmax_staleness = {max_staleness}\n")
+                      + f'\n[ray]\naddress = "{c.address}"\nproxy_host = "0.0.0.0"\n')
     r = subprocess.run([sys.executable, "-m", "clawgym.cli", "run", str(recipe)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=600, env={**os.environ, **LOOPBACK_ENV})
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "ray-run"
-    rows = A.read_table(run_dir / "step-0001" / "rollouts.parquet", A.RolloutRecord)
-    assert len(rows) == 8 and {x.status for x in rows} == {"ok"}
-    assert {x.node.split("/ray:")[-1] for x in rows} <= {w.node_id for w in workers}
-    assert (run_dir / "checkpoints" / "step-0001" / "model.safetensors").exists()
-    assert [m.step for m in A.read_metrics(run_dir / "metrics.jsonl")] == [1]
+    for step in range(1, steps + 1):
+        rows = A.read_table(run_dir / f"step-{step:04d}" / "rollouts.parquet", A.RolloutRecord)
+        assert len(rows) == 8 and {x.status for x in rows} == {"ok"}
+        assert {x.node.split("/ray:")[-1] for x in rows} <= {w.node_id for w in workers}
+        assert (run_dir / "checkpoints" / f"step-{step:04d}" / "model.safetensors").exists()
+    assert [m.step for m in A.read_metrics(run_dir / "metrics.jsonl")] == list(range(1, steps + 1))
