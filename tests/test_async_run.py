@@ -86,6 +86,7 @@ def test_the_next_steps_rollouts_run_while_this_step_trains_within_the_bound(asy
         assert versions and all(m.step - 1 - 1 <= v <= m.step - 1 for v in versions), (m.step, versions)
         assert (m.values[M.VERSION_MIN], m.values[M.VERSION_MAX]) == (min(versions), max(versions))
         assert m.values[M.STALE_GROUPS] == 0 and m.values[M.GROUPS] == 2
+        assert m.values[M.STALENESS_MAX] == m.step - 1 - min(versions) <= 1
     # steps 2 and 3 were collected while the step before trained: each began while the proxy still
     # served the version before (a rollout records the version served when its collection began)
     for step in (2, 3):
@@ -132,6 +133,7 @@ def test_the_step_line_and_inspect_show_the_versions(async_run) -> None:
     inspect_run(run_dir, console)
     text = console.export_text()
     assert "v min" in text and "v max" in text and "stale groups" in text
+    assert (run_dir / "plots" / "staleness.png").stat().st_size > 0
 
 
 def _scripted_async(tmp: Path, name: str) -> Path:

@@ -63,6 +63,8 @@ VERSION_MIN = "rollout/policy_version_min"
 """an asynchronous run ([run] max_staleness >= 1): the oldest policy version among the step's calls"""
 VERSION_MAX = "rollout/policy_version_max"
 """and the newest"""
+STALENESS_MAX = "rollout/staleness_max"
+"""how many versions the step's oldest call lags the weights it trains (the bound's measure)"""
 STALE_GROUPS = "rollout/stale_groups"
 """the step's groups left out of training whole: a call older than max_staleness versions"""
 GROUPS = "rollout/groups"
@@ -295,5 +297,7 @@ def version_values(sdir: StepLayout, trainer_version: int, max_staleness: int) -
     out = {GROUPS: float(len(scored)),
            STALE_GROUPS: float(len(stale_groups(rollouts, versions, trainer_version, max_staleness) & scored))}
     if versions:
-        out |= {VERSION_MIN: float(min(lo for lo, _ in versions.values())), VERSION_MAX: float(max(hi for _, hi in versions.values()))}
+        oldest = min(lo for lo, _ in versions.values())
+        out |= {VERSION_MIN: float(oldest), VERSION_MAX: float(max(hi for _, hi in versions.values())),
+                STALENESS_MAX: float(trainer_version - oldest)}
     return out

@@ -1,4 +1,5 @@
-"""Plots of a run (matplotlib PNGs in RUN/plots): reward, eval score, entropy, mismatch — like the paper's Figures 2–4.
+"""Plots of a run (matplotlib PNGs in RUN/plots): reward, eval score, entropy, mismatch — like the paper's Figures 2–4 —
+loss, and an asynchronous run's staleness.
 
 Each figure is drawn from metrics.jsonl alone, only for the series the run has, and rewritten after
 every step, so the plots of a running or resumed run are always current.
@@ -18,6 +19,8 @@ FIGURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "entropy": ("Policy entropy", "nats / token", ("train/entropy",)),
     "mismatch": ("Rollout–trainer mismatch", "value", ("train/mismatch", "train/tis_clip_frac")),
     "loss": ("Loss", "loss", ("train/loss", "train/value_loss")),
+    # an asynchronous run: how far its rollouts lag the weights they train, and the groups the bound left out
+    "staleness": ("Staleness", "versions behind / groups", ("rollout/staleness_max", "rollout/stale_groups")),
 }
 
 
