@@ -12,7 +12,9 @@ One step, read top to bottom (`run`):
 Every stage writes atomically and is skipped when its output is already complete, so `--resume`
 after a kill at any moment continues from the last complete stage: the collect stage itself keeps
 finished rollouts (results.jsonl) and reruns unfinished ones, so no rollout is lost or duplicated.
-An `[offline] from_run` recipe skips collecting and trains on that run's saved trees.
+An `[offline] from_run` recipe skips collecting and trains on that run's saved trees. With
+`[run] max_staleness` >= 1 the steps' collection runs in a thread of its own, ahead of training by
+as many policy versions as the bound allows (overlap.py); each step's stages are in steps.py.
 """
 
 from __future__ import annotations
