@@ -19,6 +19,7 @@ from clawgym import artifacts as A
 from toy import write_toy_recipe
 
 CLI = [sys.executable, "-m", "clawgym.cli"]
+SAMPLES = {"rollout": "--group-size", "eval": "--samples-per-task"}  # rollouts per task and harness, as each command names it
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "toy"
 
 
@@ -315,7 +316,7 @@ def test_a_rollout_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path
                    str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--rollout-timeout", "90",
                    "--out", str(out), cwd=tmp_path)
     line = one_line_error(proc)
-    assert "was made with other settings (n: 2 → 1; timeout_s: " in line and "or pass --force to start over" in line, line
+    assert "was made with other settings (group_size: 2 → 1; timeout_s: " in line and "or pass --force to start over" in line, line
     assert (out / "rollouts.parquet").read_bytes() == before
 
 
@@ -328,7 +329,7 @@ def test_an_eval_rerun_with_other_settings_is_refused_naming_the_keys(tmp_path: 
                    str(tiny_model), "--engine", "scripted", "--script", str(step_dir.parent / "s.jsonl"), "--out", str(out),
                    cwd=tmp_path)
     line = one_line_error(proc)
-    assert "was made with other settings (n: 2 → 1" in line and "or pass --force to start over" in line, line
+    assert "was made with other settings (group_size: 2 → 1" in line and "or pass --force to start over" in line, line
     assert (out / "rollouts.parquet").read_bytes() == before
 
 
@@ -639,10 +640,10 @@ def test_a_stage_whose_rollouts_all_failed_for_infrastructure_exits_1_naming_the
     from helpers import script
 
     script(tmp_path / "down.jsonl", {"*": [{"error": "the engine is down"}] * 8})
-    base = ["--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--group-size", "2", "--model",
-            str(tiny_model), "--engine", "scripted", "--script", "down.jsonl"]
+    base = ["--tasks", str(TOY), "--task-filter", "numbers-0", "--harness", "agentloop", "--model", str(tiny_model),
+            "--engine", "scripted", "--script", "down.jsonl"]
     for command in ("rollout", "eval"):
-        r = clawgym(command, *base, "--out", command, cwd=tmp_path)
+        r = clawgym(command, *base, SAMPLES[command], "2", "--out", command, cwd=tmp_path)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and lines[-1].startswith("error: none of the 2 rollouts could be scored: every one is "
                                                           "infra_error (model engine failed)"), r.stderr[-2000:]
@@ -742,9 +743,9 @@ def test_a_crashing_check_is_its_own_status_left_out_of_groups_and_pass_at_1(tmp
     broken = sorted(tasks.iterdir())[1]
     (broken / "tests" / "check.py").write_text("import sys\nraise KeyError('the check has a bug')\n")
     script(tmp_path / "s.jsonl", {"*": ["42"] * 8})
-    base = ["--tasks", str(tasks), "--harness", "agentloop", "--group-size", "2", "--model", str(tiny_model), "--engine", "scripted",
+    base = ["--tasks", str(tasks), "--harness", "agentloop", "--model", str(tiny_model), "--engine", "scripted",
             "--script", "s.jsonl"]
-    r = clawgym("rollout", *base, "--out", "step", cwd=tmp_path)
+    r = clawgym("rollout", *base, SAMPLES["rollout"], "2", "--out", "step", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "check_error: 2" in r.stdout, r.stdout
     rows = {x.rollout_id: x for x in A.read_table(tmp_path / "step" / "rollouts.parquet", A.RolloutRecord)}
@@ -756,10 +757,10 @@ def test_a_crashing_check_is_its_own_status_left_out_of_groups_and_pass_at_1(tmp
     assert r.returncode == 0, r.stderr[-2000:]
     kept = {n.rollout_id for n in A.read_table(tmp_path / "step" / "trees.parquet", A.TreeNode) if n.trainable}
     assert kept and not kept & {x.rollout_id for x in crashed}
-    r = clawgym("eval", *base, "--out", "ev", cwd=tmp_path)
+    r = clawgym("eval", *base, SAMPLES["eval"], "2", "--out", "ev", cwd=tmp_path)
     doc = orjson.loads((tmp_path / "ev" / "eval.json").read_bytes())
     assert r.returncode == 0 and broken.name not in doc["per_task"] and doc["excluded"] == 2, r.stderr[-2000:]
-    r = clawgym("rollout", *base, "--task-filter", broken.name, "--out", "only-broken", cwd=tmp_path)
+    r = clawgym("rollout", *base, SAMPLES["rollout"], "2", "--task-filter", broken.name, "--out", "only-broken", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(
         "error: none of the 2 rollouts could be scored: every one is check_error (the task's check crashed; "
         f"{broken.name}: KeyError: 'the check has a bug')"), r.stderr[-2000:]
