@@ -190,19 +190,11 @@ def parse_cli(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _optional_of(annotation: Any) -> tuple[Any, bool]:
-    """(the type inside `X | None`, whether None is allowed); other annotations as they are."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        return next(a for a in args if a is not type(None)), type(None) in args
-    return annotation, False
-
-
 def typed(value: Any, annotation: Any, where: str) -> Any:
     """`value` (from TOML, JSON or `from_text`) as a field of type `annotation`: a path string becomes
     a Path, an integer a float where the field is a float; a value of another type is a UserError
     saying `where` (e.g. "recipe.toml [train] key 'lr'") must be of the field's type."""
-    kind, nullable = _optional_of(annotation)
+    kind, nullable = _optional(annotation)
     if value is None and nullable:
         return None
     if kind is Path:
@@ -223,7 +215,7 @@ def from_text(text: str, annotation: Any) -> Any:
     """A value written as text (a command line's KEY=VALUE) read by its field's type: a string as
     written, a path resolved from the working directory, a list as TOML or comma-separated, anything
     else as a TOML value; text that is no TOML value stays a string (then `typed` names the key)."""
-    kind, _ = _optional_of(annotation)
+    kind, _ = _optional(annotation)
     if kind is str:
         return text
     if kind is Path:
