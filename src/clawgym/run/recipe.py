@@ -1,6 +1,6 @@
 """Recipes: one TOML file, one section per stage, validated into typed dataclasses.
 
-    [run]      name, dir, steps, seed
+    [run]      name, dir, steps, seed, keep_last, max_staleness (asynchronous steps)
     [model]    path = "models/tiny"   or   init = "tiny" | "small" | a pretrained name (smollm2-135m-instruct), init_seed = 0
     [engine]   name = "hf", tool_parser = "auto", chat_template = FILE | shipped name, and engine options
     [rollout]  tasks, harnesses, group_size, concurrency, timeout_s, max_calls, tasks_per_step, sandbox, network, judge_url, judge_model
@@ -82,18 +82,18 @@ class Recipe:
 
     def eval_config(self, out: Path, policy_version: int, id_prefix: str, *, model: Path | None = None) -> RolloutConfig:
         """An evaluation of the policy `policy_version`: every [eval] task (default: the rollout tasks),
-        [eval] n samples each, with [eval]'s harnesses (default: the rollout harnesses)."""
+        [eval] samples_per_task each, with [eval]'s harnesses (default: the rollout harnesses)."""
         e = self.eval
         return self._rollout(out, tasks=e.tasks or self.rollout.tasks, group_size=e.samples_per_task or self.rollout.group_size,
                              harnesses=e.harnesses or self.rollout.harnesses, policy_version=policy_version,
                              id_prefix=id_prefix, model=model)
 
     def sft_rollout_config(self, model: Path) -> RolloutConfig:
-        """The cold start's teacher rollouts into RUN/sft: [sft]'s tasks, n, harnesses and engine
+        """The cold start's teacher rollouts into RUN/sft: [sft]'s tasks, demonstrations, harnesses and engine
         (with `sft_engine_options`), `model`'s tokenizer."""
         s = self.sft
-        return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks, group_size=s.demonstrations or self.rollout.group_size,
-                             harnesses=s.harnesses or self.rollout.harnesses, model=model, engine=s.engine,
+        return self._rollout(RunLayout(self.run_dir).sft.path, tasks=s.tasks or self.rollout.tasks,
+                             group_size=s.demonstrations or self.rollout.group_size, harnesses=s.harnesses or self.rollout.harnesses, model=model, engine=s.engine,
                              engine_options=self.sft_engine_options(), id_prefix="sft.", tasks_per_step=s.tasks_per_step)
 
     def train_settings(self) -> dict[str, Any]:
