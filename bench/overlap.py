@@ -3,9 +3,9 @@
 
 The rollouts are latency-bound, as a harness sees a GPU server: the scripted engine answers every
 call after a fixed delay (`delay_s`), on the toy tasks through the agentloop harness, while the
-trainer trains the small model with PPO on the tiny CPU. The delay is calibrated first so that a
-step's rollouts take about as long as its training (one synchronous step without delay measures
-both), which is where overlapping pays most: the ideal ratio is then 1/2.
+trainer trains the small model with PPO on the CPU. The delay is calibrated first so that a
+step's rollouts take about as long as its training (synchronous steps without delay measure both,
+the first, which loads the models, left out), which is where overlapping pays most: the ideal ratio is then 1/2.
 
     python3 bench/overlap.py --json              # one JSON object: sync_s, async_s, ratio, ...
     python3 bench/overlap.py --write-results     # and its section of docs/results.md
@@ -65,7 +65,7 @@ max_turns = 1
 
 [train]
 algo = "ppo"
-epochs = 2
+epochs = 8
 """)
     return path
 
@@ -98,9 +98,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         os.chdir(scratch)
-        if a.delay is None:  # one synchronous step without delay: how long its rollouts and its training take
-            _, [probe] = timed_run(recipe(scratch, "probe", 1, 0, 0.0, a.tasks, a.group_size))
-            a.delay = max(0.0, probe[OPTIMIZE.key] - probe[COLLECT.key])
+        if a.delay is None:  # synchronous steps without delay: how long a warm step's rollouts and training take
+            _, probe = timed_run(recipe(scratch, "probe", 3, 0, 0.0, a.tasks, a.group_size))
+            a.delay = max(0.0, mean([v[OPTIMIZE.key] - v[COLLECT.key] for v in probe[1:]]))
         sync_s, sync = timed_run(recipe(scratch, "sync", a.steps, 0, a.delay, a.tasks, a.group_size))
         async_s, overlapped = timed_run(recipe(scratch, "async", a.steps, 1, a.delay, a.tasks, a.group_size))
     result = {"sync_s": round(sync_s, 2), "async_s": round(async_s, 2), "ratio": round(async_s / sync_s, 3),
