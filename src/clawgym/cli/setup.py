@@ -30,7 +30,7 @@ def tasks_import(
     Each task keeps its source's scoring rule; a task that cannot be converted is skipped with its reason.
     Two tasks with the same id: the first is imported, the second skipped with both named.
 
-    Example: clawgym tasks import --from clawgym ../shared/tasks/clawgym-bench tasks/clawgym-bench
+    Example: clawgym tasks import --from clawgym path/to/clawgym-bench tasks/clawgym-bench   (the format: docs/tasks.md)
     """
     from clawgym.tasks.importers import import_tasks
 

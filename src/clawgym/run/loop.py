@@ -111,7 +111,7 @@ def run(recipe_path: str | Path, *, overrides: list[str] | tuple[str, ...] = (),
     if isolated is not None:
         announce(isolated, console)  # once the run is accepted, so a refused resume stays one line
     reported = {m.step for m in A.read_metrics(run.metrics)} if run.metrics.exists() else set()
-
+    # the step after the last trained one (with [run] keep_last, earlier checkpoints may be gone)
     first = 1 + max((s for s in range(1, recipe.run.steps + 1) if is_complete(run.step(s).checkpoint)), default=0)
 
     sinks = open_sinks(run, tensorboard=recipe.log.tensorboard, wandb=recipe.log.wandb, name=recipe.run.name,

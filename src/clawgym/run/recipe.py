@@ -313,7 +313,6 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
         load_chat_template(r.engine.chat_template, f"{where} [engine] key 'chat_template':")  # a missing or unreadable file fails before any work
     if r.model.path is not None and not (r.model.path / "config.json").exists():
         raise UserError(f"{where} [model] key 'path': {r.model.path} is not a model directory (no config.json)")
-
     try:
         check_engine(r.engine.name, {})  # the name here; its options when the proxy starts the engine
     except UserError as e:
@@ -336,7 +335,6 @@ def _validate(r: Recipe, harnesses: tuple[str, ...]) -> None:
     elif not r.offline.from_run.is_dir():
         raise UserError(f"{where} [offline] key 'from_run': {r.offline.from_run} is not a run directory")
     _validate_sft(r, where)
-
     check_wandb_options(r.log.wandb, f"{where} [log]")
     for h in r.rollout.harnesses + r.eval.harnesses + r.sft.harnesses:
         if h not in harnesses:
